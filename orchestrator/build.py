@@ -1,0 +1,65 @@
+"""Assemble an engine (checkpoint, tokenizer, target, drafter) from an `EngineConfig`."""
+
+import logging
+
+import torch
+
+from orchestrator.checkpoints import Checkpoint, resolve
+from orchestrator.config import EngineConfig
+from orchestrator.drafters.base import Drafter
+from orchestrator.engine import Engine
+from orchestrator.errors import CheckpointError
+from orchestrator.target import TargetRunner
+
+log = logging.getLogger(__name__)
+
+
+def load_tokenizer(ckpt: Checkpoint):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(ckpt.hf_dir)
+    except Exception as e:  # transformers raises many kinds for a broken directory
+        raise CheckpointError(f"could not load the tokenizer from {ckpt.hf_dir}: {e}") from e
+
+
+def eos_token_ids(ckpt: Checkpoint, tokenizer) -> tuple[int, ...]:
+    """EOS ids from generation_config.json, config.json and the tokenizer, merged."""
+    import json
+
+    ids: set[int] = set()
+    for name in ("generation_config.json", "config.json"):
+        path = ckpt.hf_dir / name
+        if path.is_file():
+            value = json.loads(path.read_text()).get("eos_token_id")
+            ids.update(value if isinstance(value, list) else [value] if value is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return tuple(sorted(ids))
+
+
+def build_drafter(config: EngineConfig, ckpt: Checkpoint, progress: bool = True) -> Drafter | None:
+    d = config.drafter
+    if d.kind == "none" or config.num_speculative_tokens == 0:
+        return None
+    if d.kind == "ngram":
+        from orchestrator.drafters.ngram import NgramDrafter
+
+        return NgramDrafter(max_ngram=d.max_ngram)
+    from orchestrator.drafters.onnx_drafter import OnnxDrafter
+    from orchestrator.export import ExportOptions, export_drafter
+
+    options = ExportOptions(precision=d.precision, block_size=d.block_size, int8_lm_head=d.int8_lm_head)
+    return OnnxDrafter(export_drafter(ckpt, options, progress=progress), providers=list(d.providers))
+
+
+def build_engine(config: EngineConfig, progress: bool = True) -> tuple[Engine, Checkpoint]:
+    config.validate()
+    ckpt = resolve(config.model)
+    tokenizer = load_tokenizer(ckpt)
+    target = TargetRunner(ckpt, device=config.device, dtype=getattr(torch, config.dtype),
+                          block_size=config.kv_block_size, max_kv_tokens=config.max_kv_tokens)
+    drafter = build_drafter(config, ckpt, progress=progress)
+    engine = Engine(target, tokenizer, drafter, num_speculative_tokens=config.num_speculative_tokens,
+                    max_num_seqs=config.max_num_seqs, eos_token_ids=eos_token_ids(ckpt, tokenizer))
+    return engine, ckpt

@@ -1,0 +1,179 @@
+"""`hetspec` command line: generate, export-drafter."""
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from orchestrator.config import DRAFTERS, DTYPES, DrafterConfig, EngineConfig, SamplingParams
+from orchestrator.errors import HetspecError
+
+PRECISIONS = ("int4", "int8", "fp32")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not usage + message
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="HF checkpoint dir, GGUF file, or smollm2-135m / gemma3-270m (default smollm2-135m)")
+
+
+def _add_drafter_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--precision", choices=PRECISIONS, default="int4", help="ONNX drafter weights")
+    p.add_argument("--block-size", type=_positive, default=32, help="quantization block size")
+    p.add_argument("--int8-lm-head", action="store_true", help="keep lm_head at 8 bits")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hetspec", description="Speculative decoding across heterogeneous devices.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="generate text for one prompt, streaming it")
+    g.add_argument("prompt")
+    _add_model_args(g)
+    g.add_argument("--drafter", choices=DRAFTERS[:2], default="onnx", help="draft source (default onnx INT4)")
+    g.add_argument("--no-spec", action="store_true", help="target only, no speculation")
+    g.add_argument("-k", "--num-speculative-tokens", type=int, default=4, help="draft length k")
+    g.add_argument("--max-new-tokens", type=_positive, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--raw", action="store_true", help="do not apply the model's chat template")
+    g.add_argument("--device", default="cpu", help="target device, e.g. cpu or cuda:0")
+    g.add_argument("--dtype", choices=DTYPES, default="float32", help="target dtype")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    _add_drafter_args(g)
+
+    e = sub.add_parser("export-drafter", help="export a checkpoint as an ONNX drafter (cached)")
+    _add_model_args(e)
+    _add_drafter_args(e)
+    e.add_argument("--out", default=None, help="output directory (default: the user cache)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.basicConfig(level=logging.WARNING, format="hetspec: %(message)s")
+    _quiet_transformers()
+    try:
+        return {"generate": _generate, "export-drafter": _export}[args.command](args)
+    except HetspecError as e:
+        print(f"hetspec: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # a bug: still one line for the user, the traceback on request
+        if os.environ.get("HETSPEC_DEBUG"):
+            raise
+        print(f"hetspec: internal error: {type(e).__name__}: {e} (HETSPEC_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 70
+
+
+def _quiet_transformers() -> None:
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+    except ImportError:
+        pass
+
+
+def _drafter_config(args, kind: str) -> DrafterConfig:
+    return DrafterConfig(kind=kind, precision=args.precision, block_size=args.block_size,
+                         int8_lm_head=args.int8_lm_head)
+
+
+def _generate(args) -> int:
+    from orchestrator.build import build_engine
+
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                            top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=tuple(args.stop),
+                            speculate=not args.no_spec)
+    params.validate()
+    if not args.prompt.strip():
+        raise HetspecError("prompt is empty")
+    kind = "none" if args.no_spec else args.drafter
+    config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
+                          num_speculative_tokens=args.num_speculative_tokens,
+                          drafter=_drafter_config(args, kind))
+    engine, ckpt = build_engine(config, progress=not args.json)
+    prompt_ids = _encode(engine.tokenizer, args.prompt, chat=not args.raw)
+
+    def stream(out):
+        if not args.json:
+            print(out.text, end="", flush=True)
+
+    seq = engine.generate(prompt_ids, params, on_output=stream)
+    result = _result(seq, kind if not args.no_spec else "none", args.num_speculative_tokens)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print()
+        print(_summary(result), file=sys.stderr)
+    return 0
+
+
+def _encode(tokenizer, prompt: str, chat: bool) -> list[int]:
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                            add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    return tokenizer(prompt).input_ids
+
+
+def _result(seq, drafter: str, k: int) -> dict:
+    elapsed = (seq.finish_s or seq.arrival_s) - seq.arrival_s
+    stats = seq.stats.to_dict()
+    stats["tokens_per_s"] = len(seq.output_ids) / elapsed if elapsed > 0 else 0.0
+    stats["ttft_s"] = (seq.first_token_s or seq.arrival_s) - seq.arrival_s
+    stats["drafter"] = drafter
+    stats["k"] = k if drafter != "none" else 0
+    return {
+        "text": seq.text,
+        "token_ids": list(seq.output_ids),
+        "finish_reason": seq.finish_reason,
+        "usage": {"prompt_tokens": len(seq.prompt_ids), "completion_tokens": len(seq.output_ids)},
+        "stats": stats,
+    }
+
+
+def _summary(result: dict) -> str:
+    s = result["stats"]
+    line = (f"[hetspec] {result['usage']['completion_tokens']} tokens, {s['tokens_per_s']:.1f} tok/s, "
+            f"TTFT {s['ttft_s'] * 1000:.0f} ms, finish={result['finish_reason']}")
+    if s["drafter"] != "none":
+        per_pos = " ".join(f"{a:.2f}" for a in s["acceptance_per_position"])
+        line += (f" | drafter {s['drafter']} k={s['k']}: accepted {s['num_accepted']}/{s['num_drafted']}, "
+                 f"mean accepted length {s['mean_accepted_length']:.2f}, per position [{per_pos}]")
+    return line
+
+
+def _export(args) -> int:
+    from pathlib import Path
+
+    from orchestrator.checkpoints import resolve
+    from orchestrator.export import ExportOptions, export_drafter
+
+    options = ExportOptions(precision=args.precision, block_size=args.block_size, int8_lm_head=args.int8_lm_head)
+    out = export_drafter(resolve(args.model), options, out_dir=Path(args.out) if args.out else None)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Drafters: propose k tokens cheaply. All share the `Drafter` interface in `base`."""

@@ -1,0 +1,55 @@
+"""The drafter interface the engine talks to; local and remote drafters look the same."""
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftProposal:
+    """Draft tokens for one sequence.
+
+    `draft_ids` may be shorter than the k asked for (an n-gram drafter that finds no match
+    proposes nothing). `draft_probs` is the drafter's distribution q at each draft position,
+    already under the request's sampling transform, or None for a greedy (one-hot) drafter.
+    """
+
+    draft_ids: list[int]  # [num_draft]
+    draft_probs: torch.Tensor | None = None  # [num_draft, vocab] float32, rows sum to 1
+
+
+class Drafter(ABC):
+    """Proposes tokens for sequences whose committed tokens it is told about.
+
+    The drafter owns its own state (KV cache, n-gram index). The contract:
+    `start(seq_id, prompt_ids)` opens a sequence; `propose(seq_id, k, ...)` returns up to k
+    draft tokens continuing the committed tokens (it may advance internal caches over its own
+    drafts); `extend(seq_id, token_ids)` appends committed tokens (accepted drafts followed by
+    the recovered or bonus token), after which the drafter must discard whatever it had cached
+    past the longest common prefix; `rollback(seq_id, n)` removes the last n committed tokens;
+    `finish(seq_id)` frees everything for the sequence.
+    """
+
+    name: str = "drafter"
+
+    @abstractmethod
+    def start(self, seq_id: int, prompt_ids: list[int]) -> None: ...
+
+    @abstractmethod
+    def propose(
+        self, seq_id: int, k: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> DraftProposal: ...
+
+    @abstractmethod
+    def extend(self, seq_id: int, token_ids: list[int]) -> None: ...
+
+    @abstractmethod
+    def rollback(self, seq_id: int, n: int) -> None: ...
+
+    @abstractmethod
+    def finish(self, seq_id: int) -> None: ...
+
+    def close(self) -> None:
+        """Release process-wide resources (sessions, sockets)."""

@@ -1,0 +1,196 @@
+"""The speculative decoding engine: schedule -> propose -> verify -> commit -> emit."""
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from orchestrator.config import SamplingParams
+from orchestrator.detok import TextStream
+from orchestrator.drafters.base import Drafter, DraftProposal
+from orchestrator.errors import InvalidRequestError
+from orchestrator.sampling import logits_to_probs
+from orchestrator.scheduler import Scheduler
+from orchestrator.sequence import Sequence, Status
+from orchestrator.target import TargetRunner
+from orchestrator.verify import VerifyResult, greedy_verify, rejection_verify
+
+
+@dataclass
+class StepOutput:
+    """What one step committed for one sequence."""
+
+    seq_id: int
+    token_ids: list[int]  # newly committed
+    text: str  # newly emitted text
+    finished: bool
+    finish_reason: str | None = None
+
+
+class Engine:
+    def __init__(self, target: TargetRunner, tokenizer, drafter: Drafter | None = None,
+                 num_speculative_tokens: int = 4, max_num_seqs: int = 16,
+                 eos_token_ids: tuple[int, ...] = ()):
+        self.target = target
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        self.k = num_speculative_tokens if drafter is not None else 0
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.scheduler = Scheduler(target.pool, max_num_seqs)
+        self.sequences: dict[int, Sequence] = {}
+        self._streams: dict[int, TextStream] = {}
+        self._ids = itertools.count()
+
+    # ---- requests --------------------------------------------------------------------
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        params.validate()
+        if not prompt_ids:
+            raise InvalidRequestError("prompt is empty")
+        limit = min(self.target.max_context, self.target.pool.num_blocks * self.target.pool.block_size)
+        if len(prompt_ids) >= limit:
+            raise InvalidRequestError(f"prompt has {len(prompt_ids)} tokens; the context limit is {limit}")
+        k = self.k if params.speculate else 0
+        if params.num_speculative_tokens is not None and self.drafter is not None:
+            k = params.num_speculative_tokens if params.speculate else 0
+        seq = Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), params=params, k=k)
+        if params.seed is not None:
+            seq.generator = torch.Generator().manual_seed(params.seed)
+        self.sequences[seq.seq_id] = seq
+        self._streams[seq.seq_id] = TextStream(self.tokenizer, params.stop)
+        self.scheduler.add(seq)
+        return seq.seq_id
+
+    def cancel(self, seq_id: int) -> None:
+        seq = self.sequences.get(seq_id)
+        if seq is not None and seq.status is not Status.FINISHED:
+            self._finish(seq, "cancelled")
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- the step --------------------------------------------------------------------
+
+    def step(self) -> list[StepOutput]:
+        seqs = self.scheduler.schedule()
+        if not seqs:
+            return []
+        drafts = self._propose(seqs)
+        results = self._verify(seqs, drafts)
+        return [self._commit(seq, drafts[seq.seq_id], res) for seq, res in zip(seqs, results)]
+
+    def _propose(self, seqs: list[Sequence]) -> dict[int, DraftProposal]:
+        drafts = {}
+        for seq in seqs:
+            k = self._draft_len(seq)
+            if k == 0:
+                drafts[seq.seq_id] = DraftProposal(draft_ids=[])
+                continue
+            t0 = time.perf_counter()
+            p = seq.params
+            drafts[seq.seq_id] = self.drafter.propose(seq.seq_id, k, p.temperature, p.top_k, p.top_p, seq.generator)
+            seq.stats.time_draft_s += time.perf_counter() - t0
+        return drafts
+
+    def _draft_len(self, seq: Sequence) -> int:
+        if not seq.prefilled or seq.k == 0:
+            return 0
+        room = self.target.max_context - seq.num_tokens - 1
+        return max(0, min(seq.k, seq.remaining - 1, room))
+
+    def _verify(self, seqs: list[Sequence], drafts: dict[int, DraftProposal]) -> list[VerifyResult]:
+        batch = []
+        for seq in seqs:
+            if not seq.prefilled:
+                batch.append((seq.seq_id, seq.prompt_ids, 1))
+            else:
+                d = drafts[seq.seq_id].draft_ids
+                batch.append((seq.seq_id, [seq.last_token, *d], len(d) + 1))
+        t0 = time.perf_counter()
+        outputs = self.target.forward(batch)
+        results = [self._accept(seq, drafts[seq.seq_id], out.logits) for seq, out in zip(seqs, outputs)]
+        elapsed = time.perf_counter() - t0
+        for seq in seqs:
+            if seq.prefilled:
+                seq.stats.time_verify_s += elapsed
+            else:
+                seq.stats.time_prefill_s += elapsed
+        return results
+
+    def _accept(self, seq: Sequence, draft: DraftProposal, logits: torch.Tensor) -> VerifyResult:
+        # logits: [num_draft + 1, vocab]
+        n = len(draft.draft_ids)
+        draft_ids = torch.tensor([draft.draft_ids], dtype=torch.long).view(1, n)
+        num_draft = torch.tensor([n], dtype=torch.long)
+        p = seq.params
+        if p.greedy:
+            return greedy_verify(draft_ids, num_draft, logits[None])
+        target_probs = logits_to_probs(logits[None], p.temperature, p.top_k, p.top_p)
+        q = None if draft.draft_probs is None else draft.draft_probs[None]
+        return rejection_verify(draft_ids, num_draft, q, target_probs, seq.generator)
+
+    # ---- commit and emit -------------------------------------------------------------
+
+    def _commit(self, seq: Sequence, draft: DraftProposal, res: VerifyResult) -> StepOutput:
+        num_accepted = int(res.num_accepted[0])
+        new_ids = res.output_ids[0, :num_accepted + 1].tolist()
+        first = not seq.prefilled
+        if first:
+            seq.first_token_s = time.perf_counter()
+            if self.drafter is not None and seq.k:
+                self.drafter.start(seq.seq_id, seq.prompt_ids)
+        else:
+            seq.stats.record(len(draft.draft_ids), num_accepted, len(new_ids))
+        # K/V is kept for every committed token but the newest, which is fed next step.
+        self.target.rollback(seq.seq_id, seq.num_tokens + num_accepted)
+        new_ids, reason = self._apply_limits(seq, new_ids)
+        seq.output_ids.extend(new_ids)
+        if reason is None and seq.num_tokens >= self.target.max_context:
+            reason = "length"
+        stream = self._streams[seq.seq_id]
+        text, stopped = stream.update(seq.output_ids, final=reason is not None)
+        seq.text = stream.emitted
+        if stopped:
+            reason = "stop"
+        if reason is not None:
+            self._finish(seq, reason)
+        elif self.drafter is not None and seq.k:
+            self.drafter.extend(seq.seq_id, new_ids)
+        return StepOutput(seq.seq_id, new_ids, text, reason is not None, reason)
+
+    def _apply_limits(self, seq: Sequence, new_ids: list[int]) -> tuple[list[int], str | None]:
+        for i, t in enumerate(new_ids):
+            if t in self.eos_token_ids:
+                return new_ids[:i + 1], "eos"
+        if len(new_ids) >= seq.remaining:
+            return new_ids[:seq.remaining], "length"
+        return new_ids, None
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        seq.finish_s = time.perf_counter()
+        self.scheduler.remove(seq)
+        self.target.free(seq.seq_id)
+        if self.drafter is not None and seq.k:
+            self.drafter.finish(seq.seq_id)
+
+    # ---- convenience -----------------------------------------------------------------
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams,
+                 on_output: Callable[[StepOutput], None] | None = None) -> Sequence:
+        """Run one request to completion (other requests in flight advance too)."""
+        seq_id = self.add_request(prompt_ids, params)
+        seq = self.sequences[seq_id]
+        while seq.status is not Status.FINISHED:
+            for out in self.step():
+                if out.seq_id == seq_id and on_output is not None:
+                    on_output(out)
+        return self.release(seq_id)
+
+    def release(self, seq_id: int) -> Sequence:
+        """Forget a finished request and hand back its final state."""
+        self._streams.pop(seq_id, None)
+        return self.sequences.pop(seq_id)

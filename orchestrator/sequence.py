@@ -1,0 +1,99 @@
+"""Per-request state: committed tokens, streamed text, speculation statistics."""
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from orchestrator.config import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class SpecStats:
+    """Speculation statistics of one request."""
+
+    num_steps: int = 0  # target forwards after the prefill
+    num_drafted: int = 0
+    num_accepted: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    num_committed: int = 0  # tokens committed by verify steps (accepted + recovered/bonus)
+    time_prefill_s: float = 0.0
+    time_draft_s: float = 0.0
+    time_verify_s: float = 0.0
+
+    def record(self, num_draft: int, num_accepted: int, num_committed: int) -> None:
+        grow = num_draft - len(self.drafted_per_position)
+        if grow > 0:
+            self.drafted_per_position += [0] * grow
+            self.accepted_per_position += [0] * grow
+        for j in range(num_draft):
+            self.drafted_per_position[j] += 1
+            self.accepted_per_position[j] += j < num_accepted
+        self.num_steps += 1
+        self.num_drafted += num_draft
+        self.num_accepted += num_accepted
+        self.num_committed += num_committed
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per verify step (accepted drafts + the recovered/bonus token)."""
+        return self.num_committed / self.num_steps if self.num_steps else 0.0
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    def to_dict(self) -> dict:
+        return {
+            "num_steps": self.num_steps,
+            "num_drafted": self.num_drafted,
+            "num_accepted": self.num_accepted,
+            "acceptance_rate": self.num_accepted / self.num_drafted if self.num_drafted else 0.0,
+            "mean_accepted_length": self.mean_accepted_length,
+            "acceptance_per_position": self.acceptance_per_position,
+            "drafted_per_position": self.drafted_per_position,
+            "time_prefill_s": self.time_prefill_s,
+            "time_draft_s": self.time_draft_s,
+            "time_verify_s": self.time_verify_s,
+        }
+
+
+@dataclass
+class Sequence:
+    seq_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    k: int  # draft length for this request (0 = target only)
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""  # text emitted so far
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    stats: SpecStats = field(default_factory=SpecStats)
+    generator: torch.Generator | None = None
+    arrival_s: float = field(default_factory=time.perf_counter)
+    first_token_s: float | None = None
+    finish_s: float | None = None
+
+    @property
+    def prefilled(self) -> bool:
+        return bool(self.output_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def last_token(self) -> int:
+        return (self.output_ids or self.prompt_ids)[-1]
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_new_tokens - len(self.output_ids)
