@@ -19,6 +19,7 @@ class SamplingParams:
     top_p: float = 1.0  # 1 = off
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # keep going past EOS (benchmarks, fixed-length tests)
     speculate: bool = True
     num_speculative_tokens: int | None = None  # None = the engine's k
 

@@ -162,7 +162,7 @@ class Engine:
 
     def _apply_limits(self, seq: Sequence, new_ids: list[int]) -> tuple[list[int], str | None]:
         for i, t in enumerate(new_ids):
-            if t in self.eos_token_ids:
+            if t in self.eos_token_ids and not seq.params.ignore_eos:
                 return new_ids[:i + 1], "eos"
         if len(new_ids) >= seq.remaining:
             return new_ids[:seq.remaining], "length"

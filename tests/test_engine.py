@@ -1,0 +1,124 @@
+"""End to end on the real SmolLM2-135M: speculative output equals target-only output."""
+
+import pytest
+import torch
+
+from orchestrator.build import eos_token_ids
+from orchestrator.config import SamplingParams
+from orchestrator.drafters.ngram import NgramDrafter
+from orchestrator.engine import Engine
+from orchestrator.errors import InvalidRequestError
+from orchestrator.target import TargetRunner
+from prompts import GROUNDED, PROMPTS
+
+
+@pytest.fixture(scope="module")
+def target(smollm2):
+    return TargetRunner(smollm2, block_size=16, max_kv_tokens=4096)
+
+
+def make_engine(target, tokenizer, ckpt, drafter=None, k=4, max_num_seqs=16):
+    return Engine(target, tokenizer, drafter, num_speculative_tokens=k, max_num_seqs=max_num_seqs,
+                  eos_token_ids=eos_token_ids(ckpt, tokenizer))
+
+
+@pytest.fixture(scope="module")
+def reference(target, smollm2, smollm2_tokenizer):
+    """Target-only greedy outputs, 128 new tokens each (EOS may end some earlier)."""
+    engine = make_engine(target, smollm2_tokenizer, smollm2)
+    prompts = PROMPTS[:10] + [GROUNDED]
+    return {p: engine.generate(smollm2_tokenizer(p).input_ids, SamplingParams(max_new_tokens=128, ignore_eos=True)).output_ids
+            for p in prompts}
+
+
+def test_ngram_greedy_is_lossless_and_pool_is_full_after(target, smollm2, smollm2_tokenizer, reference):
+    engine = make_engine(target, smollm2_tokenizer, smollm2, NgramDrafter(), k=4)
+    drafted = 0
+    for prompt, expected in reference.items():
+        seq = engine.generate(smollm2_tokenizer(prompt).input_ids,
+                              SamplingParams(max_new_tokens=128, ignore_eos=True))
+        assert len(expected) == 128 and seq.output_ids == expected, prompt
+        assert target.pool.num_free_blocks == target.pool.num_blocks
+        drafted += seq.stats.num_drafted
+    assert drafted > 0  # speculation actually happened
+
+
+def test_batched_requests_match_one_at_a_time(target, smollm2, smollm2_tokenizer, reference):
+    engine = make_engine(target, smollm2_tokenizer, smollm2, NgramDrafter(), k=3)
+    ids = {engine.add_request(smollm2_tokenizer(p).input_ids, SamplingParams(max_new_tokens=128, ignore_eos=True)): p
+           for p in list(reference)[:4]}
+    while engine.has_work():
+        engine.step()
+    for seq_id, prompt in ids.items():
+        assert engine.release(seq_id).output_ids == reference[prompt]
+    assert target.pool.num_free_blocks == target.pool.num_blocks
+
+
+def test_cancel_frees_blocks_and_new_requests_join_between_steps(target, smollm2, smollm2_tokenizer):
+    engine = make_engine(target, smollm2_tokenizer, smollm2, NgramDrafter(), k=4)
+    a = engine.add_request(smollm2_tokenizer(PROMPTS[9]).input_ids, SamplingParams(max_new_tokens=64, ignore_eos=True))
+    engine.step()
+    engine.step()
+    b = engine.add_request(smollm2_tokenizer(PROMPTS[1]).input_ids, SamplingParams(max_new_tokens=8, ignore_eos=True))
+    engine.step()
+    assert engine.sequences[a].finish_reason is None and len(engine.sequences[b].output_ids) == 1
+    held = len(target.pool.tables[a])
+    free_before = target.pool.num_free_blocks
+    engine.cancel(a)
+    assert target.pool.num_free_blocks == free_before + held and a not in target.pool.tables
+    assert engine.sequences[a].finish_reason == "cancelled"
+    while engine.has_work():
+        engine.step()
+    assert len(engine.release(b).output_ids) == 8
+    assert target.pool.num_free_blocks == target.pool.num_blocks
+
+
+def test_stop_string_and_max_tokens(target, smollm2, smollm2_tokenizer, reference):
+    engine = make_engine(target, smollm2_tokenizer, smollm2, NgramDrafter(), k=4)
+    prompt = PROMPTS[3]
+    full = smollm2_tokenizer.decode(reference[prompt], skip_special_tokens=True)
+    stop = full.strip().split()[2]
+    seq = engine.generate(smollm2_tokenizer(prompt).input_ids,
+                          SamplingParams(max_new_tokens=128, stop=(stop,), ignore_eos=True))
+    assert seq.finish_reason == "stop" and stop not in seq.text and full.startswith(seq.text)
+    seq = engine.generate(smollm2_tokenizer(prompt).input_ids, SamplingParams(max_new_tokens=5, ignore_eos=True))
+    assert seq.finish_reason == "length" and seq.output_ids == reference[prompt][:5]
+
+
+def test_sampling_is_reproducible_with_a_seed(target, smollm2, smollm2_tokenizer):
+    engine = make_engine(target, smollm2_tokenizer, smollm2, NgramDrafter(), k=4)
+    ids = smollm2_tokenizer(GROUNDED).input_ids
+    params = SamplingParams(max_new_tokens=32, temperature=0.8, top_p=0.95, seed=7)
+    a = engine.generate(ids, params).output_ids
+    b = engine.generate(ids, params).output_ids
+    c = engine.generate(ids, SamplingParams(max_new_tokens=32, temperature=0.8, top_p=0.95, seed=8)).output_ids
+    assert a == b and a != c
+
+
+@pytest.mark.parametrize("params, prompt, match", [
+    (SamplingParams(), [], "empty"),
+    (SamplingParams(), list(range(5000)), "context limit"),
+    (SamplingParams(max_new_tokens=0), [1, 2], "max_new_tokens"),
+    (SamplingParams(temperature=-0.5), [1, 2], "temperature"),
+    (SamplingParams(top_p=1.5), [1, 2], "top_p"),
+    (SamplingParams(temperature=float("nan")), [1, 2], "temperature"),
+])
+def test_bad_requests_are_rejected_clearly(target, smollm2, smollm2_tokenizer, params, prompt, match):
+    engine = make_engine(target, smollm2_tokenizer, smollm2)
+    with pytest.raises(InvalidRequestError, match=match):
+        engine.add_request(prompt, params)
+    assert target.pool.num_free_blocks == target.pool.num_blocks
+
+
+def test_gemma3_ngram_greedy_is_lossless(gemma3):
+    from orchestrator.build import load_tokenizer
+
+    tok = load_tokenizer(gemma3)
+    target = TargetRunner(gemma3, block_size=16, max_kv_tokens=2048)
+    for prompt in (GROUNDED, PROMPTS[2], PROMPTS[9]):
+        ids = tok(prompt).input_ids
+        params = SamplingParams(max_new_tokens=48, ignore_eos=True)
+        plain = make_engine(target, tok, gemma3).generate(ids, params)
+        spec = make_engine(target, tok, gemma3, NgramDrafter(), k=4).generate(ids, params)
+        assert len(plain.output_ids) == 48 and spec.output_ids == plain.output_ids, prompt
+    assert target.pool.num_free_blocks == target.pool.num_blocks
