@@ -1,0 +1,61 @@
+"""The command line, as a user runs it: real subprocesses, real model."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def hetspec(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_generate_json_with_ngram_drafter():
+    r = hetspec("generate", "Repeat exactly: one two three four five six seven eight.", "--drafter", "ngram",
+                "--max-new-tokens", "24", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["text"] and 0 < len(out["token_ids"]) <= 24
+    stats = out["stats"]
+    assert {"mean_accepted_length", "acceptance_per_position", "tokens_per_s"} <= stats.keys()
+    assert stats["tokens_per_s"] > 0 and stats["drafter"] == "ngram"
+
+
+def test_streamed_text_equals_json_text_and_no_spec_matches():
+    args = ("generate", "Name three colours.", "--max-new-tokens", "16", "--drafter", "ngram")
+    streamed = hetspec(*args)
+    plain = hetspec(*args, "--no-spec", "--json")
+    assert streamed.returncode == 0 and plain.returncode == 0, streamed.stderr + plain.stderr
+    assert streamed.stdout.rstrip("\n") == json.loads(plain.stdout)["text"]
+    assert "tok/s" in streamed.stderr
+
+
+@pytest.mark.parametrize("args, match", [
+    (("generate", ""), "prompt is empty"),
+    (("generate", "   "), "prompt is empty"),
+    (("generate", "hi", "--model", "/no/such/model.gguf"), "not found"),
+    (("generate", "hi", "--drafter", "magic"), "invalid choice"),
+    (("generate", "hi", "--dtype", "float7"), "invalid choice"),
+    (("generate", "hi", "--max-new-tokens", "0"), "must be positive"),
+    (("generate", "hi", "--max-new-tokens", "many"), "invalid"),
+    (("generate", "hi", "--temperature", "-1"), "temperature"),
+    (("generate", "hi", "--top-p", "2"), "top_p"),
+    (("generate", "hi", "--no-such-flag"), "unrecognized"),
+    (("generate", "word " * 9000, "--drafter", "ngram"), "context limit"),
+    (("export-drafter", "--precision", "int3"), "invalid choice"),
+])
+def test_bad_input_gives_one_line_and_nonzero_exit(args, match):
+    r = hetspec(*args)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and match in lines[0], r.stderr
+
+
+def test_corrupt_gguf_gives_one_line(tmp_path, smollm2):
+    gguf = tmp_path / "cut.gguf"
+    gguf.write_bytes(smollm2.source.read_bytes()[:100_000])
+    r = hetspec("generate", "hi", "--model", str(gguf))
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "truncated" in r.stderr
