@@ -1,0 +1,315 @@
+"""A drafter that runs an exported decoder (INT4/INT8 MatMulNBits) on a plain ONNX Runtime session.
+
+We drive the session step by step instead of using onnxruntime-genai's generator, because a
+drafter must truncate its KV cache to whatever the target accepted. Per sequence we keep the
+committed tokens and, separately, the tokens whose K/V are in the cache (`cached_ids`); the
+cache may run ahead of the committed tokens over the drafter's own drafts. Before drafting,
+the cache is cut back to the longest common prefix with the committed tokens (always leaving
+at least one committed token to run, since its logits give the first draft).
+
+The builder's GroupQueryAttention models declare `past_present_share_buffer`: then each
+layer's K/V live in one fixed-capacity buffer bound as both the past input and the present
+output, GQA writes the new positions in place and attends only up to the attention mask's
+length, so a step copies no cache and truncation is free. Other models (plain attention that
+concatenates past and new) keep numpy arrays that the model returns one step longer each call.
+"""
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from orchestrator.drafters.base import DraftProposal, Drafter
+from orchestrator.errors import CheckpointError, HetspecError, InvalidRequestError
+from orchestrator.export import find_onnx_model
+
+_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+_PRESENT = re.compile(r"^present\.(\d+)\.(key|value)$")
+_ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
+               "tensor(int64)": np.int64, "tensor(int32)": np.int32}
+
+
+@dataclass
+class _Sequence:
+    committed_ids: list[int]
+    kv: "_SharedKV | _ConcatKV"
+    cached_ids: list[int] = field(default_factory=list)  # tokens whose K/V are in `kv`
+
+
+class OnnxDrafter(Drafter):
+    """Runs the ONNX decoder on the given ONNX Runtime execution providers, batch 1 per call."""
+
+    name = "onnx"
+
+    def __init__(self, model_dir: Path, providers: list[str] | None = None,
+                 provider_options: list[dict] | None = None, num_threads: int | None = None):
+        self.model_path = find_onnx_model(Path(model_dir))
+        self.session = _open_session(self.model_path, providers or ["CPUExecutionProvider"],
+                                     provider_options, num_threads)
+        self._bind_io(_read_genai_config(self.model_path.parent))
+        self._kv_device = _kv_device(providers or ["CPUExecutionProvider"], provider_options)
+        self._seqs: dict[int, _Sequence] = {}
+
+    # --- the Drafter interface -------------------------------------------------------------
+
+    def start(self, seq_id: int, prompt_ids: list[int]) -> None:
+        if seq_id in self._seqs:
+            raise InvalidRequestError(f"sequence {seq_id} is already open in the drafter")
+        if not prompt_ids:
+            raise InvalidRequestError("the drafter needs a non-empty prompt")
+        kv = (_SharedKV(self, len(prompt_ids)) if self._share_buffer else _ConcatKV(self))
+        self._seqs[seq_id] = _Sequence(committed_ids=list(prompt_ids), kv=kv)
+
+    def propose(self, seq_id: int, k: int, temperature: float = 0.0, top_k: int = 0,
+                top_p: float = 1.0, generator: torch.Generator | None = None) -> DraftProposal:
+        seq = self._seq(seq_id)
+        if not seq.committed_ids:
+            raise InvalidRequestError(f"sequence {seq_id} has no committed tokens to draft from")
+        k = max(0, min(k, self.max_length - len(seq.committed_ids)))
+        if k == 0:
+            return DraftProposal(draft_ids=[])
+        self._sync_cache(seq)
+        logits = self._advance(seq, seq.committed_ids[len(seq.cached_ids):])  # [vocab]
+        draft_ids, draft_probs = [], []
+        for i in range(k):
+            if temperature > 0:
+                from orchestrator.sampling import logits_to_probs, sample
+
+                probs = logits_to_probs(torch.from_numpy(logits), temperature, top_k, top_p)  # [vocab]
+                draft_probs.append(probs)
+                draft_ids.append(int(sample(probs, generator)))
+            else:
+                draft_ids.append(int(np.argmax(logits)))
+            if i < k - 1:  # the last draft's K/V is only needed if it is accepted
+                logits = self._advance(seq, draft_ids[-1:])
+        probs = torch.stack(draft_probs) if draft_probs else None  # [k, vocab]
+        return DraftProposal(draft_ids=draft_ids, draft_probs=probs)
+
+    def extend(self, seq_id: int, token_ids: list[int]) -> None:
+        seq = self._seq(seq_id)
+        seq.committed_ids.extend(int(t) for t in token_ids)
+        self._sync_cache(seq)
+
+    def rollback(self, seq_id: int, n: int) -> None:
+        seq = self._seq(seq_id)
+        if not 0 <= n <= len(seq.committed_ids):
+            raise InvalidRequestError(
+                f"cannot roll back {n} of {len(seq.committed_ids)} committed tokens of sequence {seq_id}")
+        del seq.committed_ids[len(seq.committed_ids) - n:]
+        self._sync_cache(seq)
+
+    def finish(self, seq_id: int) -> None:
+        self._seqs.pop(seq_id, None)
+
+    def close(self) -> None:
+        self._seqs.clear()
+        self.session = None
+
+    # --- introspection used by tests and the engine ----------------------------------------
+
+    def committed_ids(self, seq_id: int) -> list[int]:
+        return list(self._seq(seq_id).committed_ids)
+
+    def cached_length(self, seq_id: int) -> int:
+        return len(self._seq(seq_id).cached_ids)
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _seq(self, seq_id: int) -> _Sequence:
+        try:
+            return self._seqs[seq_id]
+        except KeyError:
+            raise InvalidRequestError(f"sequence {seq_id} is not open in the drafter") from None
+
+    def _sync_cache(self, seq: _Sequence) -> None:
+        """Cut the cache to its common prefix with the committed tokens, leaving >= 1 to run."""
+        keep = 0
+        limit = min(len(seq.cached_ids), len(seq.committed_ids) - 1)
+        while keep < limit and seq.cached_ids[keep] == seq.committed_ids[keep]:
+            keep += 1
+        if keep < len(seq.cached_ids):
+            del seq.cached_ids[keep:]
+            seq.kv.truncate(keep)
+
+    def _advance(self, seq: _Sequence, new_ids: list[int]) -> np.ndarray:
+        """Run `new_ids` (one chunk) on top of the cache; return logits at the last one."""
+        # new_ids: [num_new] (>= 1); returns [vocab]
+        past_len = len(seq.cached_ids)
+        feed = {self._input_ids: np.asarray([new_ids], dtype=self._ids_dtype)}  # [1, num_new]
+        if self._attention_mask:
+            feed[self._attention_mask] = np.ones((1, past_len + len(new_ids)), self._mask_dtype)
+        if self._position_ids:
+            positions = np.arange(past_len, past_len + len(new_ids))[None]  # [1, num_new]
+            feed[self._position_ids] = positions.astype(self._position_dtype)
+        logits = seq.kv.run(feed, past_len, len(new_ids))  # [1, num_new, vocab]
+        seq.cached_ids.extend(new_ids)
+        return logits[0, -1]
+
+    def _bind_io(self, genai: dict) -> None:
+        """Map the session's inputs and outputs by name; check they form a KV-cache decoder."""
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        outputs = {o.name for o in self.session.get_outputs()}
+        if "input_ids" not in inputs or "logits" not in outputs:
+            raise CheckpointError(f"{self.model_path} is not a decoder: it needs an input_ids "
+                                  f"input and a logits output")
+        self._input_ids = "input_ids"
+        self._ids_dtype = _np_dtype(inputs["input_ids"])
+        self._attention_mask = "attention_mask" if "attention_mask" in inputs else None
+        self._mask_dtype = _np_dtype(inputs["attention_mask"]) if self._attention_mask else None
+        self._position_ids = "position_ids" if "position_ids" in inputs else None
+        self._position_dtype = _np_dtype(inputs["position_ids"]) if self._position_ids else None
+        pasts = sorted((int(m[1]), m[2]) for n in inputs if (m := _PAST.match(n)))
+        presents = sorted((int(m[1]), m[2]) for n in outputs if (m := _PRESENT.match(n)))
+        if not pasts or pasts != presents:
+            raise CheckpointError(
+                f"{self.model_path} has no matching past_key_values.*/present.* KV-cache I/O")
+        self.num_layers = len(pasts) // 2
+        # one list order for past inputs and present outputs: layer 0 key, layer 0 value, ...
+        self._past_inputs = [f"past_key_values.{i}.{kv}" for i, kv in pasts]
+        self._outputs = ["logits"] + [f"present.{i}.{kv}" for i, kv in pasts]
+        first = inputs[self._past_inputs[0]]
+        self._kv_dtype = _np_dtype(first)
+        decoder = genai.get("model", {}).get("decoder", {})
+        self.num_kv_heads = _static_dim(first.shape[1], decoder.get("num_key_value_heads"), "kv heads")
+        self.head_dim = _static_dim(first.shape[3], decoder.get("head_size"), "head dim")
+        self.max_length = int(genai.get("model", {}).get("context_length", 1 << 31))
+        self.vocab_size = genai.get("model", {}).get("vocab_size")
+        self._share_buffer = bool(genai.get("search", {}).get("past_present_share_buffer", False))
+
+
+class _ConcatKV:
+    """K/V as numpy arrays; the model returns them concatenated with the new positions."""
+
+    def __init__(self, drafter: OnnxDrafter):
+        self.drafter = drafter
+        shape = (1, drafter.num_kv_heads, 0, drafter.head_dim)
+        self.past = [np.zeros(shape, drafter._kv_dtype) for _ in drafter._past_inputs]
+
+    def run(self, feed: dict, num_past: int, num_new: int) -> np.ndarray:
+        d = self.drafter
+        feed.update(zip(d._past_inputs, self.past))
+        # present: [1, kv_heads, num_past + num_new, head_dim] each
+        logits, *self.past = d.session.run(d._outputs, feed)
+        return logits
+
+    def truncate(self, length: int) -> None:
+        # a contiguous copy, so the dropped tail's memory is actually released
+        self.past = [np.ascontiguousarray(p[:, :, :length]) for p in self.past]
+
+
+class _SharedKV:
+    """K/V in fixed-capacity buffers bound as both past input and present output (GQA)."""
+
+    BLOCK = 256  # capacity grows in multiples of this many positions
+
+    def __init__(self, drafter: OnnxDrafter, num_tokens: int):
+        self.drafter = drafter
+        self.device, self.device_id = drafter._kv_device
+        self.capacity = 0
+        self.buffers = []  # [2 * num_layers] OrtValue [1, kv_heads, capacity, head_dim]
+        self._grow(num_tokens + 64, num_valid=0)
+
+    def run(self, feed: dict, num_past: int, num_new: int) -> np.ndarray:
+        if num_past + num_new > self.capacity:
+            self._grow(num_past + num_new, num_valid=num_past)
+        for name, value in feed.items():
+            self.binding.bind_cpu_input(name, value)
+        # rebind every run: a kept output OrtValue would be reused with last run's shape
+        self.binding.bind_output("logits", self.device, self.device_id)
+        self.drafter.session.run_with_iobinding(self.binding)
+        return self.binding.get_outputs()[0].numpy()  # logits, bound first
+
+    def truncate(self, length: int) -> None:
+        """Nothing to do: positions >= length are masked out and overwritten by later steps."""
+
+    def _grow(self, num_needed: int, num_valid: int) -> None:
+        import onnxruntime as ort
+
+        d = self.drafter
+        if num_needed > d.max_length:
+            raise InvalidRequestError(
+                f"{num_needed} tokens exceed the drafter's context length of {d.max_length}")
+        capacity = max(2 * self.capacity, -(-num_needed // self.BLOCK) * self.BLOCK)
+        capacity = min(capacity, d.max_length)
+        shape = (1, d.num_kv_heads, capacity, d.head_dim)
+        buffers = []
+        for old in self.buffers or [None] * len(d._past_inputs):
+            new = ort.OrtValue.ortvalue_from_shape_and_type(shape, d._kv_dtype, self.device, self.device_id)
+            if old is not None and num_valid:  # rare: copy the valid prefix through the host
+                host = np.zeros(shape, d._kv_dtype)
+                host[:, :, :num_valid] = old.numpy()[:, :, :num_valid]
+                new.update_inplace(host)
+            buffers.append(new)
+        self.buffers, self.capacity = buffers, capacity
+        self.binding = d.session.io_binding()
+        self.binding.bind_output("logits", self.device, self.device_id)
+        for past, present, value in zip(d._past_inputs, d._outputs[1:], buffers):
+            self.binding.bind_ortvalue_input(past, value)
+            self.binding.bind_ortvalue_output(present, value)
+
+
+def _open_session(path: Path, providers: list[str], provider_options, num_threads: int | None):
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    absent = [p for p in providers if p not in available]
+    if absent:
+        raise HetspecError(
+            f"ONNX Runtime execution provider(s) {', '.join(absent)} not available in this "
+            f"onnxruntime build; available: {', '.join(available)}")
+    options = ort.SessionOptions()
+    # fatal only: load errors reach the caller as exceptions, not also as log lines on stderr
+    options.log_severity_level = 4
+    if num_threads is not None:
+        options.intra_op_num_threads = num_threads
+    try:
+        return ort.InferenceSession(str(path), options, providers=providers,
+                                    provider_options=provider_options)
+    except Exception as e:  # ORT raises its own pybind exception types for corrupt models
+        raise CheckpointError(f"cannot load ONNX drafter {path} (corrupt, truncated or "
+                              f"incompatible?): {_ort_error_detail(e)}") from e
+
+
+def _ort_error_detail(e: Exception) -> str:
+    """The innermost ORT message without C++ source locations and signatures."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    detail = text.split("[ONNXRuntimeError]")[-1]  # nested errors: the last is the cause
+    detail = re.sub(r"^ : \d+ : ", "", detail)  # status code
+    detail = re.sub(r"\S+\.(cc|h|cpp):\d+ \S+ ?", "", detail)  # file.cc:123 Function
+    return detail.strip()[:500]
+
+
+def _kv_device(providers: list[str], provider_options) -> tuple[str, int]:
+    """Where the shared KV buffers live: on the GPU for CUDA, else in host memory."""
+    if providers[0] == "CUDAExecutionProvider":
+        options = (provider_options or [{}])[0]
+        return "cuda", int(options.get("device_id", 0))
+    return "cpu", 0
+
+
+def _read_genai_config(model_dir: Path) -> dict:
+    path = model_dir / "genai_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from e
+
+
+def _np_dtype(node_arg) -> type:
+    try:
+        return _ORT_DTYPES[node_arg.type]
+    except KeyError:
+        raise CheckpointError(f"unsupported ONNX input type {node_arg.type} for {node_arg.name}") from None
+
+
+def _static_dim(dim, fallback, what: str) -> int:
+    if isinstance(dim, int):
+        return dim
+    if fallback is None:
+        raise CheckpointError(f"the drafter's {what} is symbolic ({dim}) and genai_config.json lacks it")
+    return int(fallback)
