@@ -5,9 +5,10 @@
     mean accepted length, drafter/target cost ratio c
 (c) hetspec n-gram drafter vs HF `prompt_lookup_num_tokens` on a grounded rewrite prompt
 
-    python bench/bench_core.py [--tokens 128] [--prompts 5] [--k 4] [--drafters int4,int8]
+    python bench/bench_core.py [--dtype float32|bfloat16] [--tokens 128] [--prompts 5] [--k 4]
+        [--drafters int4,int4-lmh8,int8]
 
-Run it on an otherwise idle machine; results also go to bench/out/core.json.
+Run it on an otherwise idle machine; results also go to bench/out/core-DTYPE.json.
 """
 
 import argparse
@@ -101,6 +102,7 @@ def main():
     ap.add_argument("--prompts", type=int, default=5)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--drafters", default="int4,int4-lmh8,int8")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--skip-hf", action="store_true")
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
@@ -110,18 +112,19 @@ def main():
     ckpt = resolve(args.model)
     tok = load_tokenizer(ckpt)
     prompts = [encode(tok, p) for p in PROMPTS[:args.prompts]]
-    target = TargetRunner(ckpt, max_kv_tokens=8192)
+    dtype = getattr(torch, args.dtype)
+    target = TargetRunner(ckpt, max_kv_tokens=8192, dtype=dtype)
     eos = eos_token_ids(ckpt, tok)
     plain = Engine(target, tok, None, eos_token_ids=eos)
-    report = {"model": str(ckpt.source), "tokens": args.tokens, "prompts": len(prompts),
+    report = {"model": str(ckpt.source), "dtype": args.dtype, "tokens": args.tokens, "prompts": len(prompts),
               "threads": torch.get_num_threads()}
-    print(f"model {ckpt.source.name}, {len(prompts)} prompts x {args.tokens} tokens, greedy, fp32, "
+    print(f"model {ckpt.source.name}, {len(prompts)} prompts x {args.tokens} tokens, greedy, {args.dtype}, "
           f"{torch.get_num_threads()} threads")
     run_hetspec(plain, prompts[:1], 8)  # warm-up
     base_tps, base_out, _ = run_hetspec(plain, prompts, args.tokens)
     report["target_only_tps"] = base_tps
 
-    hf = AutoModelForCausalLM.from_pretrained(ckpt.hf_dir, dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(ckpt.hf_dir, dtype=dtype).eval()
     if not args.skip_hf:
         hf_tps, hf_out = run_hf(hf, prompts, args.tokens)
         same = sum(a == b for a, b in zip(base_out, hf_out))
@@ -162,7 +165,7 @@ def main():
         report["c"].update(hf_prompt_lookup_tps=hfpl_tps, ratio=ng_tps / hfpl_tps)
     out_dir = Path(__file__).parent / "out"
     out_dir.mkdir(exist_ok=True)
-    (out_dir / "core.json").write_text(json.dumps(report, indent=2))
+    (out_dir / f"core-{args.dtype}.json").write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

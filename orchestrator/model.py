@@ -188,11 +188,24 @@ class Transformer:
             keys, values = pool.gather(li, seg.ctx_slots)  # [ctx, kv_heads, head_dim] each
             rows = slice(seg.start, seg.start + seg.num_new)
             mask = _causal_mask(seg.num_new, seg.ctx_len, s.sliding_window[li], x.device)
-            out[rows] = F.scaled_dot_product_attention(
-                q[rows].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
-                attn_mask=mask, scale=s.attn_scale, enable_gqa=s.num_heads != s.num_kv_heads,
-            ).transpose(0, 1)
+            out[rows] = self._attend(q[rows], keys, values, mask)
         return F.linear(out.reshape(T, -1), layer["o"])
+
+    def _attend(self, q, keys, values, mask) -> torch.Tensor:
+        """q: [n, heads, head_dim]; keys, values: [ctx, kv_heads, head_dim] -> [n, heads, head_dim].
+
+        Query heads sharing a KV head (GQA) are stacked into one matmul instead of repeating K/V.
+        """
+        s = self.spec
+        n, ctx, kvh, d = q.shape[0], keys.shape[0], s.num_kv_heads, s.head_dim
+        group = s.num_heads // kvh
+        qg = q.view(n, kvh, group, d).permute(1, 2, 0, 3).reshape(kvh, group * n, d)
+        scores = torch.bmm(qg, keys.permute(1, 2, 0)).float() * s.attn_scale  # [kv_heads, group * n, ctx]
+        if mask is not None:
+            scores = scores.view(kvh, group, n, ctx).masked_fill(~mask, float("-inf")).view(kvh, group * n, ctx)
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        out = torch.bmm(probs, values.transpose(0, 1))  # [kv_heads, group * n, head_dim]
+        return out.view(kvh, group, n, d).permute(2, 0, 1, 3).reshape(n, kvh * group, d)
 
     # ---- forward ---------------------------------------------------------------------
 

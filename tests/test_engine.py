@@ -122,3 +122,34 @@ def test_gemma3_ngram_greedy_is_lossless(gemma3):
         spec = make_engine(target, tok, gemma3, NgramDrafter(), k=4).generate(ids, params)
         assert len(plain.output_ids) == 48 and spec.output_ids == plain.output_ids, prompt
     assert target.pool.num_free_blocks == target.pool.num_blocks
+
+
+@pytest.fixture(scope="module")
+def onnx_drafter(smollm2):
+    from orchestrator.drafters.onnx_drafter import OnnxDrafter
+    from orchestrator.export import ExportOptions, export_drafter
+
+    drafter = OnnxDrafter(export_drafter(smollm2, ExportOptions(precision="int4"), progress=False))
+    yield drafter
+    drafter.close()
+
+
+def test_onnx_int4_greedy_is_lossless(target, smollm2, smollm2_tokenizer, reference, onnx_drafter):
+    engine = make_engine(target, smollm2_tokenizer, smollm2, onnx_drafter, k=4)
+    accepted = 0
+    for prompt, expected in reference.items():
+        seq = engine.generate(smollm2_tokenizer(prompt).input_ids,
+                              SamplingParams(max_new_tokens=128, ignore_eos=True))
+        assert seq.output_ids == expected, prompt
+        accepted += seq.stats.num_accepted
+        assert target.pool.num_free_blocks == target.pool.num_blocks
+    assert accepted > 0  # the INT4 drafter's proposals were actually used
+
+
+def test_onnx_drafter_sampling_path_runs_and_is_seeded(target, smollm2, smollm2_tokenizer, onnx_drafter):
+    engine = make_engine(target, smollm2_tokenizer, smollm2, onnx_drafter, k=3)
+    ids = smollm2_tokenizer(PROMPTS[0]).input_ids
+    params = SamplingParams(max_new_tokens=24, temperature=0.7, top_k=50, seed=3, ignore_eos=True)
+    a, b = engine.generate(ids, params), engine.generate(ids, params)
+    assert a.output_ids == b.output_ids and len(a.output_ids) == 24
+    assert a.stats.num_drafted > 0
