@@ -35,6 +35,12 @@ def _add_drafter_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--int8-lm-head", action="store_true", help="keep lm_head at 8 bits")
 
 
+def _add_provider_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--drafter-ep", action="append", default=None, metavar="PROVIDER",
+                   help="ONNX Runtime execution provider for the drafter, in order of preference "
+                        "(repeatable; default CPUExecutionProvider)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hetspec", description="Speculative decoding across heterogeneous devices.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -56,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", choices=DTYPES, default="float32", help="target dtype")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     _add_drafter_args(g)
+    _add_provider_arg(g)
 
     e = sub.add_parser("export-drafter", help="export a checkpoint as an ONNX drafter (cached)")
     _add_model_args(e)
@@ -95,7 +102,8 @@ def _quiet_transformers() -> None:
 
 def _drafter_config(args, kind: str) -> DrafterConfig:
     return DrafterConfig(kind=kind, precision=args.precision, block_size=args.block_size,
-                         int8_lm_head=args.int8_lm_head)
+                         int8_lm_head=args.int8_lm_head,
+                         providers=tuple(args.drafter_ep or ("CPUExecutionProvider",)))
 
 
 def _generate(args) -> int:

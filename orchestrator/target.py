@@ -4,7 +4,9 @@ from dataclasses import dataclass
 
 import torch
 
+from devices import DeviceUnavailable, resolve_torch_device
 from orchestrator.checkpoints import Checkpoint
+from orchestrator.errors import HetspecError
 from orchestrator.kv_pool import BlockPool
 from orchestrator.model import Segment, Transformer
 
@@ -24,7 +26,10 @@ class TargetRunner:
 
     def __init__(self, ckpt: Checkpoint, device: str = "cpu", dtype: torch.dtype = torch.float32,
                  block_size: int = 16, max_kv_tokens: int = 16384):
-        self.device = torch.device(device)
+        try:
+            self.device = resolve_torch_device(device)
+        except DeviceUnavailable as e:
+            raise HetspecError(str(e)) from e
         self.dtype = dtype
         self.model = Transformer.load(ckpt.hf_dir, self.device, dtype)
         s = self.model.spec
