@@ -263,6 +263,10 @@ def _open_session(path: Path, providers: list[str], provider_options, num_thread
     options = ort.SessionOptions()
     # fatal only: load errors reach the caller as exceptions, not also as log lines on stderr
     options.log_severity_level = 4
+    # The target runs on the same cores between drafts: ORT's idle workers must sleep, not
+    # spin, or they steal the CPU from the verify forward.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if num_threads is not None:
         options.intra_op_num_threads = num_threads
     try:
