@@ -5,7 +5,7 @@ import logging
 import torch
 
 from orchestrator.checkpoints import Checkpoint, resolve
-from orchestrator.config import EngineConfig
+from orchestrator.config import DrafterConfig, EngineConfig
 from orchestrator.drafters.base import Drafter
 from orchestrator.engine import Engine
 from orchestrator.errors import CheckpointError
@@ -47,10 +47,17 @@ def build_drafter(config: EngineConfig, ckpt: Checkpoint, progress: bool = True)
 
         return NgramDrafter(max_ngram=d.max_ngram)
     from orchestrator.drafters.onnx_drafter import OnnxDrafter
-    from orchestrator.export import ExportOptions, export_drafter
+    from orchestrator.export import export_drafter
 
-    options = ExportOptions(precision=d.precision, block_size=d.block_size, int8_lm_head=d.int8_lm_head)
-    return OnnxDrafter(export_drafter(ckpt, options, progress=progress), providers=list(d.providers))
+    return OnnxDrafter(export_drafter(ckpt, export_options(d), progress=progress), providers=list(d.providers))
+
+
+def export_options(d: DrafterConfig):
+    """The export a drafter config asks for (an 8-bit lm_head only means something for INT4)."""
+    from orchestrator.export import ExportOptions
+
+    return ExportOptions(precision=d.precision, block_size=d.block_size,
+                         int8_lm_head=d.int8_lm_head and d.precision == "int4")
 
 
 def build_engine(config: EngineConfig, progress: bool = True) -> tuple[Engine, Checkpoint]:

@@ -32,7 +32,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 def _add_drafter_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=PRECISIONS, default="int4", help="ONNX drafter weights")
     p.add_argument("--block-size", type=_positive, default=32, help="quantization block size")
-    p.add_argument("--int8-lm-head", action="store_true", help="keep lm_head at 8 bits")
+    p.add_argument("--int8-lm-head", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep the sensitive lm_head at 8 bits (INT4 only; default on: better acceptance)")
 
 
 def _add_provider_arg(p: argparse.ArgumentParser) -> None:
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export-drafter", help="export a checkpoint as an ONNX drafter (cached)")
     _add_model_args(e)
     _add_drafter_args(e)
+    _add_provider_arg(e)
     e.add_argument("--out", default=None, help="output directory (default: the user cache)")
     return parser
 
@@ -174,10 +176,11 @@ def _summary(result: dict) -> str:
 def _export(args) -> int:
     from pathlib import Path
 
+    from orchestrator.build import export_options
     from orchestrator.checkpoints import resolve
-    from orchestrator.export import ExportOptions, export_drafter
+    from orchestrator.export import export_drafter
 
-    options = ExportOptions(precision=args.precision, block_size=args.block_size, int8_lm_head=args.int8_lm_head)
+    options = export_options(_drafter_config(args, "onnx"))
     out = export_drafter(resolve(args.model), options, out_dir=Path(args.out) if args.out else None)
     print(out)
     return 0

@@ -48,7 +48,7 @@ class DrafterConfig:
     kind: str = "onnx"  # "onnx" | "ngram" | "none"
     precision: str = "int4"  # onnx export: int4 | int8 | fp32
     block_size: int = 32
-    int8_lm_head: bool = False
+    int8_lm_head: bool = True  # INT4 body, 8-bit lm_head: the best measured INT4 config
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     max_ngram: int = 3
 

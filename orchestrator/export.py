@@ -231,4 +231,7 @@ def _builder_error(ckpt: Checkpoint, options: ExportOptions, rc: int, tail: list
     else:
         head = f"onnxruntime-genai's model builder failed (exit {rc}) exporting {arch} as {options.tag()}"
     cause = tail[-1] if tail else "no output"
-    return ExportError(f"{head}: {cause}\nlast builder output:\n{text}")
+    log = cache_root() / "logs" / f"export-{ckpt.key[:16]}-{options.tag()}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(text + "\n")
+    return ExportError(f"{head}: {cause} (builder output: {log})")

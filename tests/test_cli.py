@@ -59,3 +59,19 @@ def test_corrupt_gguf_gives_one_line(tmp_path, smollm2):
     gguf.write_bytes(smollm2.source.read_bytes()[:100_000])
     r = hetspec("generate", "hi", "--model", str(gguf))
     assert r.returncode == 1 and "Traceback" not in r.stderr and "truncated" in r.stderr
+
+
+def test_export_drafter_prints_a_complete_cached_export():
+    from pathlib import Path
+
+    r = hetspec("export-drafter", "--precision", "int4")
+    assert r.returncode == 0, r.stderr
+    out = Path(r.stdout.strip())
+    assert (out / ".hetspec-export.json").is_file() and any(out.glob("*.onnx"))
+
+
+def test_export_of_an_unsupported_architecture_is_one_line(gemma3):
+    r = hetspec("export-drafter", "--model", "gemma3-270m")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    last = r.stderr.replace("\r", "\n").strip().splitlines()[-1]
+    assert last.startswith("hetspec: error:") and "cannot export architecture" in last
