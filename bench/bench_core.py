@@ -110,6 +110,7 @@ def main():
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--drafters", default="int4,int4-lmh8,int8")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--adaptive", default="int4-lmh8", help="drafters also run with adaptive k")
     ap.add_argument("--skip-hf", action="store_true")
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
@@ -145,9 +146,13 @@ def main():
     from orchestrator.drafters.onnx_drafter import OnnxDrafter
     from orchestrator.export import ExportOptions, export_drafter
 
-    for name in filter(None, args.drafters.split(",")):
+    runs = [(n, False) for n in filter(None, args.drafters.split(","))]
+    runs += [(n, True) for n in filter(None, args.adaptive.split(","))]
+    for name, adaptive in runs:
         drafter = OnnxDrafter(export_drafter(ckpt, ExportOptions(**DRAFTERS[name]), progress=False))
-        spec = Engine(target, tok, drafter, num_speculative_tokens=args.k, eos_token_ids=eos)
+        spec = Engine(target, tok, drafter, num_speculative_tokens=args.k, eos_token_ids=eos,
+                      adaptive_k=adaptive)
+        name += " adaptive" if adaptive else ""
         run_hetspec(spec, prompts[:1], 8)
         tps, out, stats = run_hetspec(spec, prompts, args.tokens)
         m = merge(stats)
@@ -160,13 +165,18 @@ def main():
         drafter.close()
 
     grounded = [encode(tok, GROUNDED)]
-    ng = Engine(target, tok, NgramDrafter(), num_speculative_tokens=args.k, eos_token_ids=eos)
-    ng_tps, ng_out, ng_stats = run_hetspec(ng, grounded, args.tokens)
+    report["c"] = {"target_tps": None}
     ngp_tps, ngp_out, _ = run_hetspec(plain, grounded, args.tokens)
-    line("(c0) n-gram vs target-only (grounded)", "ngram", ng_tps, "target", ngp_tps)
-    print(f"    vs target-only: {agreement(ng_out, ngp_out)}; mean accepted length "
-          f"{merge(ng_stats)['mean_accepted_length']}")
-    report["c"] = {"ngram_tps": ng_tps, "target_tps": ngp_tps, **merge(ng_stats)}
+    report["c"]["target_tps"] = ngp_tps
+    for adaptive in (True, False):  # the plain n-gram run is the one compared with HF below
+        ng = Engine(target, tok, NgramDrafter(), num_speculative_tokens=args.k, eos_token_ids=eos,
+                    adaptive_k=adaptive)
+        ng_tps, ng_out, ng_stats = run_hetspec(ng, grounded, args.tokens)
+        line(f"(c0) n-gram{' adaptive' if adaptive else ''} vs target-only (grounded)", "ngram", ng_tps,
+             "target", ngp_tps)
+        print(f"    vs target-only: {agreement(ng_out, ngp_out)}; mean accepted length "
+              f"{merge(ng_stats)['mean_accepted_length']}")
+        report["c"]["adaptive" if adaptive else "ngram"] = {"ngram_tps": ng_tps, **merge(ng_stats)}
     if not args.skip_hf:
         hfpl_tps, hfpl_out = run_hf(hf, grounded, args.tokens, prompt_lookup_num_tokens=args.k)
         line("(c) n-gram vs HF prompt_lookup (grounded)", "hetspec", ng_tps, "HF", hfpl_tps)

@@ -68,5 +68,6 @@ def build_engine(config: EngineConfig, progress: bool = True) -> tuple[Engine, C
                           block_size=config.kv_block_size, max_kv_tokens=config.max_kv_tokens)
     drafter = build_drafter(config, ckpt, progress=progress)
     engine = Engine(target, tokenizer, drafter, num_speculative_tokens=config.num_speculative_tokens,
-                    max_num_seqs=config.max_num_seqs, eos_token_ids=eos_token_ids(ckpt, tokenizer))
+                    max_num_seqs=config.max_num_seqs, eos_token_ids=eos_token_ids(ckpt, tokenizer),
+                    adaptive_k=config.adaptive_k)
     return engine, ckpt

@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--drafter", choices=DRAFTERS[:2], default="onnx", help="draft source (default onnx INT4)")
     g.add_argument("--no-spec", action="store_true", help="target only, no speculation")
     g.add_argument("-k", "--num-speculative-tokens", type=int, default=4, help="draft length k")
+    g.add_argument("--adaptive-k", action="store_true",
+                   help="vary the draft length per step: +2 after a full accept, -1 after a rejection")
     g.add_argument("--max-new-tokens", type=_positive, default=128)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0)
@@ -119,7 +121,7 @@ def _generate(args) -> int:
         raise HetspecError("prompt is empty")
     kind = "none" if args.no_spec else args.drafter
     config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
-                          num_speculative_tokens=args.num_speculative_tokens,
+                          num_speculative_tokens=args.num_speculative_tokens, adaptive_k=args.adaptive_k,
                           drafter=_drafter_config(args, kind))
     engine, ckpt = build_engine(config, progress=not args.json)
     prompt_ids = _encode(engine.tokenizer, args.prompt, chat=not args.raw)

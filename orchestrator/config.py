@@ -62,6 +62,7 @@ class EngineConfig:
     max_kv_tokens: int = 8192
     max_num_seqs: int = 16
     num_speculative_tokens: int = 4  # k
+    adaptive_k: bool = False  # shrink the draft after rejections, grow it after full accepts
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
 
     def validate(self) -> None:

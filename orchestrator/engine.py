@@ -32,11 +32,12 @@ class StepOutput:
 class Engine:
     def __init__(self, target: TargetRunner, tokenizer, drafter: Drafter | None = None,
                  num_speculative_tokens: int = 4, max_num_seqs: int = 16,
-                 eos_token_ids: tuple[int, ...] = ()):
+                 eos_token_ids: tuple[int, ...] = (), adaptive_k: bool = False):
         self.target = target
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.k = num_speculative_tokens if drafter is not None else 0
+        self.adaptive_k = adaptive_k
         self.eos_token_ids = frozenset(eos_token_ids)
         self.scheduler = Scheduler(target.pool, max_num_seqs)
         self.sequences: dict[int, Sequence] = {}
@@ -55,7 +56,7 @@ class Engine:
         k = self.k if params.speculate else 0
         if params.num_speculative_tokens is not None and self.drafter is not None:
             k = params.num_speculative_tokens if params.speculate else 0
-        seq = Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), params=params, k=k)
+        seq = Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), params=params, k=k, draft_len=k)
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
         self.sequences[seq.seq_id] = seq
@@ -98,7 +99,7 @@ class Engine:
         if not seq.prefilled or seq.k == 0:
             return 0
         room = self.target.max_context - seq.num_tokens - 1
-        return max(0, min(seq.k, seq.remaining - 1, room))
+        return max(0, min(seq.draft_len, seq.remaining - 1, room))
 
     def _verify(self, seqs: list[Sequence], drafts: dict[int, DraftProposal]) -> list[VerifyResult]:
         batch = []
@@ -143,6 +144,8 @@ class Engine:
                 self.drafter.start(seq.seq_id, seq.prompt_ids)
         else:
             seq.stats.record(len(draft.draft_ids), num_accepted, len(new_ids))
+            if self.adaptive_k and draft.draft_ids:
+                seq.draft_len = _next_draft_len(seq.draft_len, len(draft.draft_ids), num_accepted, seq.k)
         # K/V is kept for every committed token but the newest, which is fed next step.
         self.target.rollback(seq.seq_id, seq.num_tokens + num_accepted)
         new_ids, reason = self._apply_limits(seq, new_ids)
@@ -194,3 +197,10 @@ class Engine:
         """Forget a finished request and hand back its final state."""
         self._streams.pop(seq_id, None)
         return self.sequences.pop(seq_id)
+
+
+def _next_draft_len(current: int, num_draft: int, num_accepted: int, k_max: int) -> int:
+    """Dynamic speculation (HF's heuristic): +2 after a fully accepted draft, else -1; in [1, k_max]."""
+    if num_accepted == num_draft:
+        return min(k_max, current + 2)
+    return max(1, current - 1)

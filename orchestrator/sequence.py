@@ -71,7 +71,8 @@ class Sequence:
     seq_id: int
     prompt_ids: list[int]
     params: SamplingParams
-    k: int  # draft length for this request (0 = target only)
+    k: int  # maximum draft length for this request (0 = target only)
+    draft_len: int = 0  # draft length for the next step (k, or less under adaptive k)
     output_ids: list[int] = field(default_factory=list)
     text: str = ""  # text emitted so far
     status: Status = Status.WAITING

@@ -17,9 +17,9 @@ def target(smollm2):
     return TargetRunner(smollm2, block_size=16, max_kv_tokens=4096)
 
 
-def make_engine(target, tokenizer, ckpt, drafter=None, k=4, max_num_seqs=16):
+def make_engine(target, tokenizer, ckpt, drafter=None, k=4, max_num_seqs=16, adaptive_k=False):
     return Engine(target, tokenizer, drafter, num_speculative_tokens=k, max_num_seqs=max_num_seqs,
-                  eos_token_ids=eos_token_ids(ckpt, tokenizer))
+                  eos_token_ids=eos_token_ids(ckpt, tokenizer), adaptive_k=adaptive_k)
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +153,29 @@ def test_onnx_drafter_sampling_path_runs_and_is_seeded(target, smollm2, smollm2_
     a, b = engine.generate(ids, params), engine.generate(ids, params)
     assert a.output_ids == b.output_ids and len(a.output_ids) == 24
     assert a.stats.num_drafted > 0
+
+
+@pytest.mark.parametrize("current, num_draft, num_accepted, expected", [
+    (4, 4, 4, 4),  # full accept at the cap stays at the cap
+    (2, 2, 2, 4),  # full accept grows by 2
+    (3, 3, 3, 4),  # ... but never past k
+    (4, 4, 1, 3),  # a rejection shrinks by 1
+    (1, 1, 0, 1),  # ... but never below 1
+])
+def test_adaptive_draft_length_rule(current, num_draft, num_accepted, expected):
+    from orchestrator.engine import _next_draft_len
+
+    assert _next_draft_len(current, num_draft, num_accepted, k_max=4) == expected
+
+
+def test_adaptive_k_is_lossless_and_varies_the_draft_length(target, smollm2, smollm2_tokenizer, reference):
+    engine = make_engine(target, smollm2_tokenizer, smollm2, NgramDrafter(), k=6, adaptive_k=True)
+    lengths = set()
+    for prompt in list(reference)[-3:]:
+        seq_id = engine.add_request(smollm2_tokenizer(prompt).input_ids,
+                                    SamplingParams(max_new_tokens=128, ignore_eos=True))
+        while engine.has_work():
+            lengths.add(engine.sequences[seq_id].draft_len)
+            engine.step()
+        assert engine.release(seq_id).output_ids == reference[prompt], prompt
+    assert len(lengths) > 2 and max(lengths) == 6
