@@ -58,6 +58,19 @@ def run_hetspec(engine, prompts, tokens, k=None):
     return sum(map(len, outputs)) / elapsed, outputs, stats
 
 
+def side_by_side(engine, baseline, prompts, tokens):
+    """Alternate candidate and baseline prompt by prompt, so drifts in machine speed (this is a
+    shared VM) hit both sides alike. -> ((tok/s, outputs, stats) candidate, same for baseline)."""
+    sides = {"cand": [0.0, [], []], "base": [0.0, [], []]}
+    for ids in prompts:
+        for name, eng in (("cand", engine), ("base", baseline)):
+            tps, out, stats = run_hetspec(eng, [ids], tokens)
+            sides[name][0] += len(out[0]) / tps
+            sides[name][1] += out
+            sides[name][2] += stats
+    return tuple((sum(map(len, out)) / elapsed, out, stats) for elapsed, out, stats in sides.values())
+
+
 def run_hf(model, prompts, tokens, **kw):
     outputs, elapsed = [], 0.0
     for ids in prompts:
@@ -129,19 +142,25 @@ def main():
     print(f"model {ckpt.source.name}, {len(prompts)} prompts x {args.tokens} tokens, greedy, {args.dtype}, "
           f"{torch.get_num_threads()} threads")
     run_hetspec(plain, prompts[:1], 8)  # warm-up
-    base_tps, base_out, _ = run_hetspec(plain, prompts, args.tokens)
-    report["target_only_tps"] = base_tps
-
     hf = AutoModelForCausalLM.from_pretrained(ckpt.hf_dir, dtype=dtype).eval()
     if not args.skip_hf:
-        hf_tps, hf_out = run_hf(hf, prompts, args.tokens)
+        base_tps, base_out, hf_tps, hf_out = 0.0, [], 0.0, []
+        t_base = t_hf = 0.0
+        for ids in prompts:  # alternate, as side_by_side does
+            tps, out, _ = run_hetspec(plain, [ids], args.tokens)
+            base_out += out
+            t_base += len(out[0]) / tps
+            tps, out = run_hf(hf, [ids], args.tokens)
+            hf_out += out
+            t_hf += len(out[0]) / tps
+        base_tps, hf_tps = sum(map(len, base_out)) / t_base, sum(map(len, hf_out)) / t_hf
         same = sum(a == b for a, b in zip(base_out, hf_out))
         line("(a) target-only vs HF generate", "hetspec", base_tps, "HF", hf_tps)
         print(f"    vs HF: {agreement(base_out, hf_out)}")
+        report["target_only_tps"] = base_tps
         report["a"] = {"hetspec_tps": base_tps, "hf_tps": hf_tps, "ratio": base_tps / hf_tps,
                        "identical": same}
 
-    base_ms = 1000 / base_tps
     report["b"] = {}
     from orchestrator.drafters.onnx_drafter import OnnxDrafter
     from orchestrator.export import ExportOptions, export_drafter
@@ -154,9 +173,9 @@ def main():
                       adaptive_k=adaptive)
         name += " adaptive" if adaptive else ""
         run_hetspec(spec, prompts[:1], 8)
-        tps, out, stats = run_hetspec(spec, prompts, args.tokens)
+        (tps, out, stats), (base_tps, base_out, _) = side_by_side(spec, plain, prompts, args.tokens)
         m = merge(stats)
-        c = (1000 * m["draft_s"] / max(1, m["num_drafted"])) / base_ms
+        c = (m["draft_s"] / max(1, m["num_drafted"])) * base_tps
         line(f"(b) spec {name} k={args.k} vs target-only", "spec", tps, "target", base_tps)
         print(f"    alpha per position {m['alpha_per_position']}, mean accepted length "
               f"{m['mean_accepted_length']}, c = {c:.3f}")
@@ -165,23 +184,30 @@ def main():
         drafter.close()
 
     grounded = [encode(tok, GROUNDED)]
-    report["c"] = {"target_tps": None}
-    ngp_tps, ngp_out, _ = run_hetspec(plain, grounded, args.tokens)
-    report["c"]["target_tps"] = ngp_tps
+    report["c"] = {}
     for adaptive in (True, False):  # the plain n-gram run is the one compared with HF below
         ng = Engine(target, tok, NgramDrafter(), num_speculative_tokens=args.k, eos_token_ids=eos,
                     adaptive_k=adaptive)
-        ng_tps, ng_out, ng_stats = run_hetspec(ng, grounded, args.tokens)
+        (ng_tps, ng_out, ng_stats), (ngp_tps, ngp_out, _) = side_by_side(ng, plain, grounded * 2, args.tokens)
         line(f"(c0) n-gram{' adaptive' if adaptive else ''} vs target-only (grounded)", "ngram", ng_tps,
              "target", ngp_tps)
         print(f"    vs target-only: {agreement(ng_out, ngp_out)}; mean accepted length "
               f"{merge(ng_stats)['mean_accepted_length']}")
-        report["c"]["adaptive" if adaptive else "ngram"] = {"ngram_tps": ng_tps, **merge(ng_stats)}
-    if not args.skip_hf:
-        hfpl_tps, hfpl_out = run_hf(hf, grounded, args.tokens, prompt_lookup_num_tokens=args.k)
+        report["c"]["adaptive" if adaptive else "ngram"] = {"ngram_tps": ng_tps, "target_tps": ngp_tps,
+                                                             **merge(ng_stats)}
+    if not args.skip_hf:  # `ng` is now the plain n-gram engine; alternate it with HF's prompt lookup
+        elapsed, counts, same = [0.0, 0.0], [0, 0], True
+        for ids in grounded * 2:
+            tps, out, _ = run_hetspec(ng, [ids], args.tokens)
+            hf_tps, hf_out = run_hf(hf, [ids], args.tokens, prompt_lookup_num_tokens=args.k)
+            for i, (t, o) in enumerate(((tps, out[0]), (hf_tps, hf_out[0]))):
+                elapsed[i] += len(o) / t
+                counts[i] += len(o)
+            same = same and out[0] == hf_out[0]
+        ng_tps, hfpl_tps = counts[0] / elapsed[0], counts[1] / elapsed[1]
         line("(c) n-gram vs HF prompt_lookup (grounded)", "hetspec", ng_tps, "HF", hfpl_tps)
-        print(f"    identical outputs: {ng_out[0] == hfpl_out[0]}")
-        report["c"].update(hf_prompt_lookup_tps=hfpl_tps, ratio=ng_tps / hfpl_tps)
+        print(f"    identical outputs: {same}")
+        report["c"].update(hetspec_ngram_tps=ng_tps, hf_prompt_lookup_tps=hfpl_tps, ratio=ng_tps / hfpl_tps)
     out_dir = Path(__file__).parent / "out"
     out_dir.mkdir(exist_ok=True)
     (out_dir / f"core-{args.dtype}.json").write_text(json.dumps(report, indent=2))

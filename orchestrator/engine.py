@@ -40,6 +40,9 @@ class Engine:
         self.adaptive_k = adaptive_k
         self.eos_token_ids = frozenset(eos_token_ids)
         self.scheduler = Scheduler(target.pool, max_num_seqs)
+        pool_tokens = target.pool.num_blocks * target.pool.block_size
+        # longest sequence we can hold: a verify step adds up to k + 1 positions at once
+        self.max_len = min(target.max_context, pool_tokens - self.k - 1)
         self.sequences: dict[int, Sequence] = {}
         self._streams: dict[int, TextStream] = {}
         self._ids = itertools.count()
@@ -50,12 +53,14 @@ class Engine:
         params.validate()
         if not prompt_ids:
             raise InvalidRequestError("prompt is empty")
-        limit = min(self.target.max_context, self.target.pool.num_blocks * self.target.pool.block_size)
-        if len(prompt_ids) >= limit:
-            raise InvalidRequestError(f"prompt has {len(prompt_ids)} tokens; the context limit is {limit}")
+        if len(prompt_ids) >= self.max_len:
+            raise InvalidRequestError(f"prompt has {len(prompt_ids)} tokens; the context limit is {self.max_len}")
+        vocab = self.target.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
         k = self.k if params.speculate else 0
-        if params.num_speculative_tokens is not None and self.drafter is not None:
-            k = params.num_speculative_tokens if params.speculate else 0
+        if params.num_speculative_tokens is not None:  # a request may draft less, never more
+            k = min(k, params.num_speculative_tokens)
         seq = Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), params=params, k=k, draft_len=k)
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
@@ -98,17 +103,17 @@ class Engine:
     def _draft_len(self, seq: Sequence) -> int:
         if not seq.prefilled or seq.k == 0:
             return 0
-        room = self.target.max_context - seq.num_tokens - 1
+        room = self.max_len - seq.num_tokens - 1
         return max(0, min(seq.draft_len, seq.remaining - 1, room))
 
     def _verify(self, seqs: list[Sequence], drafts: dict[int, DraftProposal]) -> list[VerifyResult]:
         batch = []
         for seq in seqs:
-            if not seq.prefilled:
-                batch.append((seq.seq_id, seq.prompt_ids, 1))
-            else:
-                d = drafts[seq.seq_id].draft_ids
-                batch.append((seq.seq_id, [seq.last_token, *d], len(d) + 1))
+            # committed tokens without K/V: the whole prompt at first (or after a preemption),
+            # afterwards just the newest token; then the drafts
+            pending = seq.all_ids[self.target.kv_length(seq.seq_id):]
+            d = drafts[seq.seq_id].draft_ids
+            batch.append((seq.seq_id, pending + d, len(d) + 1))
         t0 = time.perf_counter()
         outputs = self.target.forward(batch)
         results = [self._accept(seq, drafts[seq.seq_id], out.logits) for seq, out in zip(seqs, outputs)]
@@ -150,7 +155,7 @@ class Engine:
         self.target.rollback(seq.seq_id, seq.num_tokens + num_accepted)
         new_ids, reason = self._apply_limits(seq, new_ids)
         seq.output_ids.extend(new_ids)
-        if reason is None and seq.num_tokens >= self.target.max_context:
+        if reason is None and seq.num_tokens >= self.max_len:
             reason = "length"
         stream = self._streams[seq.seq_id]
         text, stopped = stream.update(seq.output_ids, final=reason is not None)

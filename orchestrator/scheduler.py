@@ -16,12 +16,26 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    def _need(self, seq: Sequence) -> int:
+        """Blocks `seq` may still have to take in its next step (k drafts + 1)."""
+        return self.pool.blocks_needed(seq.seq_id, seq.num_tokens + seq.k + 1)
+
     def schedule(self) -> list[Sequence]:
-        """The batch for the next step: everything running plus whatever now fits (FCFS)."""
-        reserved = sum(self.pool.blocks_needed(s.seq_id, s.num_tokens + s.k + 1) for s in self.running)
+        """The batch for the next step: everything running plus whatever now fits (FCFS).
+
+        When the running sequences outgrow the pool, the newest is preempted: its K/V is freed
+        and it waits at the head of the queue, to be recomputed from its committed tokens.
+        """
+        while len(self.running) > 1 and sum(map(self._need, self.running)) > self.pool.num_free_blocks:
+            victim = self.running.pop()
+            self.pool.free(victim.seq_id)
+            victim.status = Status.WAITING
+            victim.num_preemptions += 1
+            self.waiting.appendleft(victim)
+        reserved = sum(map(self._need, self.running))
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            need = self.pool.blocks_needed(seq.seq_id, len(seq.prompt_ids) + seq.k + 1)
+            need = self._need(seq)
             if reserved + need > self.pool.num_free_blocks:
                 break
             reserved += need

@@ -76,6 +76,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     text: str = ""  # text emitted so far
     status: Status = Status.WAITING
+    num_preemptions: int = 0
     finish_reason: str | None = None
     stats: SpecStats = field(default_factory=SpecStats)
     generator: torch.Generator | None = None
@@ -92,8 +93,8 @@ class Sequence:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
-    def last_token(self) -> int:
-        return (self.output_ids or self.prompt_ids)[-1]
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
 
     @property
     def remaining(self) -> int:

@@ -179,3 +179,26 @@ def test_adaptive_k_is_lossless_and_varies_the_draft_length(target, smollm2, smo
             engine.step()
         assert engine.release(seq_id).output_ids == reference[prompt], prompt
     assert len(lengths) > 2 and max(lengths) == 6
+
+
+def test_preemption_when_the_pool_is_short_recomputes_and_stays_lossless(smollm2, smollm2_tokenizer, reference):
+    # 12 blocks of 16 tokens cannot hold three sequences of ~40 + 128 tokens at once
+    small = TargetRunner(smollm2, block_size=16, max_kv_tokens=192)
+    engine = make_engine(small, smollm2_tokenizer, smollm2, NgramDrafter(), k=4)
+    prompts = list(reference)[:3]
+    ids = {engine.add_request(smollm2_tokenizer(p).input_ids, SamplingParams(max_new_tokens=128, ignore_eos=True)): p
+           for p in prompts}
+    while engine.has_work():
+        engine.step()
+    done = {i: engine.release(i) for i in ids}
+    assert sum(s.num_preemptions for s in done.values()) > 0
+    for seq_id, prompt in ids.items():
+        assert done[seq_id].output_ids == reference[prompt], prompt
+    assert small.pool.num_free_blocks == small.pool.num_blocks
+
+
+def test_out_of_vocab_prompt_ids_are_rejected(target, smollm2, smollm2_tokenizer):
+    engine = make_engine(target, smollm2_tokenizer, smollm2)
+    for bad in ([1, -1], [1, target.vocab_size]):
+        with pytest.raises(InvalidRequestError, match="token ids"):
+            engine.add_request(bad, SamplingParams())
