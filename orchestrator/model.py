@@ -169,7 +169,7 @@ class Transformer:
 
     # ---- attention -------------------------------------------------------------------
 
-    def _attention(self, x, positions, rope, layer, li, pool: BlockPool, segments) -> torch.Tensor:
+    def _attention(self, x, rope, layer, li, pool: BlockPool, segments, new_slots) -> torch.Tensor:
         s = self.spec
         T = x.shape[0]
         q, k, v = F.linear(x, layer["qkv"]).split(
@@ -182,7 +182,7 @@ class Transformer:
             q, k = self._rms_norm(q, layer["q_norm"]), self._rms_norm(k, layer["k_norm"])
         cos, sin = rope
         q, k = self._apply_rope(q, cos, sin), self._apply_rope(k, cos, sin)
-        pool.write(li, torch.cat([seg.new_slots for seg in segments]), k, v)
+        pool.write(li, new_slots, k, v)
         out = torch.empty_like(q)
         for seg in segments:
             keys, values = pool.gather(li, seg.ctx_slots)  # [ctx, kv_heads, head_dim] each
@@ -217,9 +217,11 @@ class Transformer:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         ropes = {theta: self._rope(theta, positions, x.dtype) for theta in set(self.spec.rope_theta)}
         gemma = self.spec.family == "gemma3"
+        new_slots = torch.cat([seg.new_slots for seg in segments])  # [T], same for every layer
         for li, layer in enumerate(self.layers):
             rope = ropes[self.spec.rope_theta[li]]
-            h = self._attention(self._rms_norm(x, layer["attn_norm"]), positions, rope, layer, li, pool, segments)
+            h = self._rms_norm(x, layer["attn_norm"])
+            h = self._attention(h, rope, layer, li, pool, segments, new_slots)
             if gemma:
                 x = x + self._rms_norm(h, layer["post_attn_norm"])
                 h = self._mlp(self._rms_norm(x, layer["pre_ffn_norm"]), layer)

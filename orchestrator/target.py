@@ -53,9 +53,9 @@ class TargetRunner:
             start = self.kv_length(seq_id)
             end = start + len(new_ids)
             self.pool.grow(seq_id, end)
+            ctx_slots = self.pool.slots(seq_id, 0, end)
             seg = Segment(start=len(ids), num_new=len(new_ids), ctx_len=end,
-                          new_slots=self.pool.slots(seq_id, start, end),
-                          ctx_slots=self.pool.slots(seq_id, 0, end))
+                          new_slots=ctx_slots[start:], ctx_slots=ctx_slots)
             segments.append(seg)
             ids.extend(new_ids)
             positions.extend(range(start, end))
