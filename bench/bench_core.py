@@ -45,42 +45,38 @@ def encode(tok, prompt):
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def run_hetspec(engine, prompts, tokens, k=None):
-    """-> (tokens/s over all prompts, outputs, merged stats)."""
-    outputs, elapsed, stats = [], 0.0, []
-    params = SamplingParams(max_new_tokens=tokens, ignore_eos=True, num_speculative_tokens=k)
-    for ids in prompts:
-        t0 = time.perf_counter()
+def hetspec_side(engine, tokens):
+    """One prompt through a hetspec engine -> (generated ids, stats)."""
+    params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
+
+    def run(ids):
         seq = engine.generate(ids, params)
-        elapsed += time.perf_counter() - t0
-        outputs.append(seq.output_ids)
-        stats.append(seq.stats)
-    return sum(map(len, outputs)) / elapsed, outputs, stats
+        return seq.output_ids, seq.stats
+    return run
 
 
-def side_by_side(engine, baseline, prompts, tokens):
-    """Alternate candidate and baseline prompt by prompt, so drifts in machine speed (this is a
-    shared VM) hit both sides alike. -> ((tok/s, outputs, stats) candidate, same for baseline)."""
-    sides = {"cand": [0.0, [], []], "base": [0.0, [], []]}
-    for ids in prompts:
-        for name, eng in (("cand", engine), ("base", baseline)):
-            tps, out, stats = run_hetspec(eng, [ids], tokens)
-            sides[name][0] += len(out[0]) / tps
-            sides[name][1] += out
-            sides[name][2] += stats
-    return tuple((sum(map(len, out)) / elapsed, out, stats) for elapsed, out, stats in sides.values())
-
-
-def run_hf(model, prompts, tokens, **kw):
-    outputs, elapsed = [], 0.0
-    for ids in prompts:
-        x = torch.tensor([ids])
-        t0 = time.perf_counter()
+def hf_side(model, tokens, **kw):
+    """One prompt through HF `generate` (greedy, exactly `tokens` new tokens) -> (ids, None)."""
+    def run(ids):
         with torch.inference_mode():
-            out = model.generate(x, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, **kw)
-        elapsed += time.perf_counter() - t0
-        outputs.append(out[0, len(ids):].tolist())
-    return sum(map(len, outputs)) / elapsed, outputs
+            out = model.generate(torch.tensor([ids]), max_new_tokens=tokens, min_new_tokens=tokens,
+                                 do_sample=False, **kw)
+        return out[0, len(ids):].tolist(), None
+    return run
+
+
+def alternate(sides, prompts):
+    """Run every side on each prompt in turn, so drifts in machine speed (this is a shared VM)
+    hit all sides alike. -> per side: (tokens/s, outputs, stats)."""
+    results = [[0.0, [], []] for _ in sides]
+    for ids in prompts:
+        for side, result in zip(sides, results):
+            t0 = time.perf_counter()
+            out, stats = side(ids)
+            result[0] += time.perf_counter() - t0
+            result[1].append(out)
+            result[2].append(stats)
+    return [(sum(map(len, out)) / elapsed, out, stats) for elapsed, out, stats in results]
 
 
 def merge(stats):
@@ -141,19 +137,12 @@ def main():
               "threads": torch.get_num_threads()}
     print(f"model {ckpt.source.name}, {len(prompts)} prompts x {args.tokens} tokens, greedy, {args.dtype}, "
           f"{torch.get_num_threads()} threads")
-    run_hetspec(plain, prompts[:1], 8)  # warm-up
+    base_side = hetspec_side(plain, args.tokens)
+    hetspec_side(plain, 8)(prompts[0])  # warm-up
     hf = AutoModelForCausalLM.from_pretrained(ckpt.hf_dir, dtype=dtype).eval()
     if not args.skip_hf:
-        base_tps, base_out, hf_tps, hf_out = 0.0, [], 0.0, []
-        t_base = t_hf = 0.0
-        for ids in prompts:  # alternate, as side_by_side does
-            tps, out, _ = run_hetspec(plain, [ids], args.tokens)
-            base_out += out
-            t_base += len(out[0]) / tps
-            tps, out = run_hf(hf, [ids], args.tokens)
-            hf_out += out
-            t_hf += len(out[0]) / tps
-        base_tps, hf_tps = sum(map(len, base_out)) / t_base, sum(map(len, hf_out)) / t_hf
+        (base_tps, base_out, _), (hf_tps, hf_out, _) = alternate(
+            [base_side, hf_side(hf, args.tokens)], prompts)
         same = sum(a == b for a, b in zip(base_out, hf_out))
         line("(a) target-only vs HF generate", "hetspec", base_tps, "HF", hf_tps)
         print(f"    vs HF: {agreement(base_out, hf_out)}")
@@ -172,8 +161,9 @@ def main():
         spec = Engine(target, tok, drafter, num_speculative_tokens=args.k, eos_token_ids=eos,
                       adaptive_k=adaptive)
         name += " adaptive" if adaptive else ""
-        run_hetspec(spec, prompts[:1], 8)
-        (tps, out, stats), (base_tps, base_out, _) = side_by_side(spec, plain, prompts, args.tokens)
+        hetspec_side(spec, 8)(prompts[0])  # warm-up
+        (tps, out, stats), (base_tps, base_out, _) = alternate(
+            [hetspec_side(spec, args.tokens), base_side], prompts)
         m = merge(stats)
         c = (m["draft_s"] / max(1, m["num_drafted"])) * base_tps
         line(f"(b) spec {name} k={args.k} vs target-only", "spec", tps, "target", base_tps)
@@ -188,7 +178,8 @@ def main():
     for adaptive in (True, False):  # the plain n-gram run is the one compared with HF below
         ng = Engine(target, tok, NgramDrafter(), num_speculative_tokens=args.k, eos_token_ids=eos,
                     adaptive_k=adaptive)
-        (ng_tps, ng_out, ng_stats), (ngp_tps, ngp_out, _) = side_by_side(ng, plain, grounded * 2, args.tokens)
+        (ng_tps, ng_out, ng_stats), (ngp_tps, ngp_out, _) = alternate(
+            [hetspec_side(ng, args.tokens), base_side], grounded * 2)
         line(f"(c0) n-gram{' adaptive' if adaptive else ''} vs target-only (grounded)", "ngram", ng_tps,
              "target", ngp_tps)
         print(f"    vs target-only: {agreement(ng_out, ngp_out)}; mean accepted length "
@@ -196,15 +187,10 @@ def main():
         report["c"]["adaptive" if adaptive else "ngram"] = {"ngram_tps": ng_tps, "target_tps": ngp_tps,
                                                              **merge(ng_stats)}
     if not args.skip_hf:  # `ng` is now the plain n-gram engine; alternate it with HF's prompt lookup
-        elapsed, counts, same = [0.0, 0.0], [0, 0], True
-        for ids in grounded * 2:
-            tps, out, _ = run_hetspec(ng, [ids], args.tokens)
-            hf_tps, hf_out = run_hf(hf, [ids], args.tokens, prompt_lookup_num_tokens=args.k)
-            for i, (t, o) in enumerate(((tps, out[0]), (hf_tps, hf_out[0]))):
-                elapsed[i] += len(o) / t
-                counts[i] += len(o)
-            same = same and out[0] == hf_out[0]
-        ng_tps, hfpl_tps = counts[0] / elapsed[0], counts[1] / elapsed[1]
+        (ng_tps, ng_out, _), (hfpl_tps, hfpl_out, _) = alternate(
+            [hetspec_side(ng, args.tokens), hf_side(hf, args.tokens, prompt_lookup_num_tokens=args.k)],
+            grounded * 2)
+        same = ng_out == hfpl_out
         line("(c) n-gram vs HF prompt_lookup (grounded)", "hetspec", ng_tps, "HF", hfpl_tps)
         print(f"    identical outputs: {same}")
         report["c"].update(hetspec_ngram_tps=ng_tps, hf_prompt_lookup_tps=hfpl_tps, ratio=ng_tps / hfpl_tps)

@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import sys
+from dataclasses import replace
 
 from orchestrator.config import DRAFTERS, DTYPES, DrafterConfig, EngineConfig, SamplingParams
 from orchestrator.errors import HetspecError
@@ -70,7 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export-drafter", help="export a checkpoint as an ONNX drafter (cached)")
     _add_model_args(e)
     _add_drafter_args(e)
-    _add_provider_arg(e)
     e.add_argument("--out", default=None, help="output directory (default: the user cache)")
     return parser
 
@@ -104,10 +104,10 @@ def _quiet_transformers() -> None:
         pass
 
 
-def _drafter_config(args, kind: str) -> DrafterConfig:
-    return DrafterConfig(kind=kind, precision=args.precision, block_size=args.block_size,
-                         int8_lm_head=args.int8_lm_head,
-                         providers=tuple(args.drafter_ep or ("CPUExecutionProvider",)))
+def _drafter_config(args, kind: str, providers: list[str] | None = None) -> DrafterConfig:
+    config = DrafterConfig(kind=kind, precision=args.precision, block_size=args.block_size,
+                           int8_lm_head=args.int8_lm_head)
+    return replace(config, providers=tuple(providers)) if providers else config
 
 
 def _generate(args) -> int:
@@ -122,7 +122,7 @@ def _generate(args) -> int:
     kind = "none" if args.no_spec else args.drafter
     config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
                           num_speculative_tokens=args.num_speculative_tokens, adaptive_k=args.adaptive_k,
-                          drafter=_drafter_config(args, kind))
+                          drafter=_drafter_config(args, kind, args.drafter_ep))
     engine, ckpt = build_engine(config, progress=not args.json)
     prompt_ids = _encode(engine.tokenizer, args.prompt, chat=not args.raw)
 

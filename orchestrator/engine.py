@@ -111,7 +111,7 @@ class Engine:
         for seq in seqs:
             # committed tokens without K/V: the whole prompt at first (or after a preemption),
             # afterwards just the newest token; then the drafts
-            pending = seq.all_ids[self.target.kv_length(seq.seq_id):]
+            pending = seq.ids_from(self.target.kv_length(seq.seq_id))
             d = drafts[seq.seq_id].draft_ids
             batch.append((seq.seq_id, pending + d, len(d) + 1))
         t0 = time.perf_counter()

@@ -169,7 +169,7 @@ class Transformer:
 
     # ---- attention -------------------------------------------------------------------
 
-    def _attention(self, x, rope, layer, li, pool: BlockPool, segments, new_slots) -> torch.Tensor:
+    def _attention(self, x, rope, layer, li, pool: BlockPool, segments, new_slots, masks) -> torch.Tensor:
         s = self.spec
         T = x.shape[0]
         q, k, v = F.linear(x, layer["qkv"]).split(
@@ -184,11 +184,10 @@ class Transformer:
         q, k = self._apply_rope(q, cos, sin), self._apply_rope(k, cos, sin)
         pool.write(li, new_slots, k, v)
         out = torch.empty_like(q)
-        for seg in segments:
+        for seg, seg_masks in zip(segments, masks):
             keys, values = pool.gather(li, seg.ctx_slots)  # [ctx, kv_heads, head_dim] each
             rows = slice(seg.start, seg.start + seg.num_new)
-            mask = _causal_mask(seg.num_new, seg.ctx_len, s.sliding_window[li], x.device)
-            out[rows] = self._attend(q[rows], keys, values, mask)
+            out[rows] = self._attend(q[rows], keys, values, seg_masks[s.sliding_window[li]])
         return F.linear(out.reshape(T, -1), layer["o"])
 
     def _attend(self, q, keys, values, mask) -> torch.Tensor:
@@ -217,11 +216,14 @@ class Transformer:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         ropes = {theta: self._rope(theta, positions, x.dtype) for theta in set(self.spec.rope_theta)}
         gemma = self.spec.family == "gemma3"
-        new_slots = torch.cat([seg.new_slots for seg in segments])  # [T], same for every layer
+        # slot index and masks depend only on the segments: build them once, not per layer
+        new_slots = torch.cat([seg.new_slots for seg in segments])  # [T]
+        windows = set(self.spec.sliding_window)
+        masks = [{w: _causal_mask(seg.num_new, seg.ctx_len, w, x.device) for w in windows} for seg in segments]
         for li, layer in enumerate(self.layers):
             rope = ropes[self.spec.rope_theta[li]]
             h = self._rms_norm(x, layer["attn_norm"])
-            h = self._attention(h, rope, layer, li, pool, segments, new_slots)
+            h = self._attention(h, rope, layer, li, pool, segments, new_slots, masks)
             if gemma:
                 x = x + self._rms_norm(h, layer["post_attn_norm"])
                 h = self._mlp(self._rms_norm(x, layer["pre_ffn_norm"]), layer)

@@ -92,9 +92,12 @@ class Sequence:
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
-    @property
-    def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+    def ids_from(self, start: int) -> list[int]:
+        """Committed tokens (prompt then output) from position `start` on, without copying all."""
+        n = len(self.prompt_ids)
+        if start >= n:
+            return self.output_ids[start - n:]
+        return self.prompt_ids[start:] + self.output_ids
 
     @property
     def remaining(self) -> int:

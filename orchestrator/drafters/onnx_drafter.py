@@ -25,6 +25,7 @@ import torch
 from orchestrator.drafters.base import DraftProposal, Drafter
 from orchestrator.errors import CheckpointError, HetspecError, InvalidRequestError
 from orchestrator.export import find_onnx_model
+from orchestrator.sampling import logits_to_probs, sample
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _PRESENT = re.compile(r"^present\.(\d+)\.(key|value)$")
@@ -46,11 +47,11 @@ class OnnxDrafter(Drafter):
 
     def __init__(self, model_dir: Path, providers: list[str] | None = None,
                  provider_options: list[dict] | None = None, num_threads: int | None = None):
+        providers = providers or ["CPUExecutionProvider"]
         self.model_path = find_onnx_model(Path(model_dir))
-        self.session = _open_session(self.model_path, providers or ["CPUExecutionProvider"],
-                                     provider_options, num_threads)
+        self.session = _open_session(self.model_path, providers, provider_options, num_threads)
         self._bind_io(_read_genai_config(self.model_path.parent))
-        self._kv_device = _kv_device(providers or ["CPUExecutionProvider"], provider_options)
+        self._kv_device = _kv_device(providers, provider_options)
         self._seqs: dict[int, _Sequence] = {}
 
     # --- the Drafter interface -------------------------------------------------------------
@@ -76,8 +77,6 @@ class OnnxDrafter(Drafter):
         draft_ids, draft_probs = [], []
         for i in range(k):
             if temperature > 0:
-                from orchestrator.sampling import logits_to_probs, sample
-
                 probs = logits_to_probs(torch.from_numpy(logits), temperature, top_k, top_p)  # [vocab]
                 draft_probs.append(probs)
                 draft_ids.append(int(sample(probs, generator)))
