@@ -1,5 +1,7 @@
-"""Device abstraction: resolve names like `cpu`, `cuda:0`, `npu:0` into torch devices."""
+"""Device abstraction: backends for cpu, cuda and npu behind one interface and a registry."""
 
-from devices.torch_devices import DeviceUnavailable, resolve_torch_device
+from devices.base import DeviceBackend, DeviceInfo, DeviceUnavailable, Event, Timer
+from devices.registry import backend_for, backend_kinds, parse_device, register_backend, resolve_torch_device
 
-__all__ = ["DeviceUnavailable", "resolve_torch_device"]
+__all__ = ["DeviceBackend", "DeviceInfo", "DeviceUnavailable", "Event", "Timer", "backend_for",
+           "backend_kinds", "parse_device", "register_backend", "resolve_torch_device"]
