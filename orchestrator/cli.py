@@ -1,4 +1,4 @@
-"""`hetspec` command line: generate, export-drafter."""
+"""`hetspec` command line: one subcommand per verb; each sets `func` to its handler."""
 
 import argparse
 import json
@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(e)
     _add_drafter_args(e)
     e.add_argument("--out", default=None, help="output directory (default: the user cache)")
+    g.set_defaults(func=_generate)
+    e.set_defaults(func=_export)
+    # Further subcommands register themselves: add_parser(sub) puts a parser with
+    # set_defaults(func=handler) on `sub`; handlers take the args and return an exit code.
     return parser
 
 
@@ -81,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="hetspec: %(message)s")
     _quiet_transformers()
     try:
-        return {"generate": _generate, "export-drafter": _export}[args.command](args)
+        return args.func(args)
     except HetspecError as e:
         print(f"hetspec: error: {e}", file=sys.stderr)
         return 1
