@@ -74,9 +74,20 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", default=None, help="output directory (default: the user cache)")
     g.set_defaults(func=_generate)
     e.set_defaults(func=_export)
+    _add_profile_group(sub)
     # Further subcommands register themselves: add_parser(sub) puts a parser with
     # set_defaults(func=handler) on `sub`; handlers take the args and return an exit code.
     return parser
+
+
+def _add_profile_group(sub) -> None:
+    """`hetspec profile <verb>`: each verb's module registers itself on `psub`; plus `hetspec devices`."""
+    from orchestrator.profiles import cli as profiles_cli
+
+    p = sub.add_parser("profile", help="device-placement profiles (check; see README)")
+    psub = p.add_subparsers(dest="profile_command", required=True, parser_class=_Parser)
+    profiles_cli.add_parsers(psub)
+    profiles_cli.add_devices_parser(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,1 @@
+"""Device-placement profiles: YAML -> validated `Profile` -> `EngineConfig` and a placement plan."""
