@@ -1,0 +1,1 @@
+"""Cross-device latency profiling: spans, profiling runs, reports, plots, traces and metrics."""
