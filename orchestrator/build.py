@@ -8,7 +8,7 @@ from orchestrator.checkpoints import Checkpoint, resolve
 from orchestrator.config import DrafterConfig, EngineConfig
 from orchestrator.drafters.base import Drafter
 from orchestrator.engine import Engine
-from orchestrator.errors import CheckpointError
+from orchestrator.errors import REMOTE_NOT_AVAILABLE, CheckpointError, HetspecError
 from orchestrator.target import TargetRunner
 
 log = logging.getLogger(__name__)
@@ -46,10 +46,20 @@ def build_drafter(config: EngineConfig, ckpt: Checkpoint, progress: bool = True)
         from orchestrator.drafters.ngram import NgramDrafter
 
         return NgramDrafter(max_ngram=d.max_ngram)
+    if d.kind == "remote":
+        raise HetspecError(f"drafter at {d.address}: {REMOTE_NOT_AVAILABLE}")
+    draft_ckpt = ckpt if d.model is None else resolve(d.model)
+    if d.kind == "torch":
+        from orchestrator.drafters.torch_drafter import TorchDrafter
+
+        return TorchDrafter(draft_ckpt, device=d.device, dtype=getattr(torch, d.dtype),
+                            max_kv_tokens=d.max_kv_tokens or config.max_kv_tokens,
+                            block_size=config.kv_block_size)
     from orchestrator.drafters.onnx_drafter import OnnxDrafter
     from orchestrator.export import export_drafter
 
-    return OnnxDrafter(export_drafter(ckpt, export_options(d), progress=progress), providers=list(d.providers))
+    return OnnxDrafter(export_drafter(draft_ckpt, export_options(d), progress=progress),
+                       providers=list(d.providers), provider_options=list(d.provider_options) or None)
 
 
 def export_options(d: DrafterConfig):

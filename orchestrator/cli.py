@@ -7,7 +7,7 @@ import os
 import sys
 from dataclasses import replace
 
-from orchestrator.config import DRAFTERS, DTYPES, DrafterConfig, EngineConfig, SamplingParams
+from orchestrator.config import DRAFTERS, DTYPES, DrafterConfig, SamplingParams
 from orchestrator.errors import HetspecError
 
 PRECISIONS = ("int4", "int8", "fp32")
@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     _add_drafter_args(g)
     _add_provider_arg(g)
+    g.add_argument("--profile", default=None, metavar="FILE|NAME",
+                   help="placement profile giving the defaults (default: the shipped 'cpu'); flags override it")
+    # unset flags stay None, so the profile's value is used (see orchestrator/profiles/overrides.py)
+    g.set_defaults(device=None, dtype=None, drafter=None, num_speculative_tokens=None, adaptive_k=None,
+                   precision=None, block_size=None, int8_lm_head=None)
 
     e = sub.add_parser("export-drafter", help="export a checkpoint as an ONNX drafter (cached)")
     _add_model_args(e)
@@ -127,6 +132,7 @@ def _drafter_config(args, kind: str, providers: list[str] | None = None) -> Draf
 
 def _generate(args) -> int:
     from orchestrator.build import build_engine
+    from orchestrator.profiles.overrides import engine_config_from_args
 
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=tuple(args.stop),
@@ -134,10 +140,8 @@ def _generate(args) -> int:
     params.validate()
     if not args.prompt.strip():
         raise HetspecError("prompt is empty")
-    kind = "none" if args.no_spec else args.drafter
-    config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
-                          num_speculative_tokens=args.num_speculative_tokens, adaptive_k=args.adaptive_k,
-                          drafter=_drafter_config(args, kind, args.drafter_ep))
+    config = engine_config_from_args(args)
+    kind = config.drafter.kind
     engine, ckpt = build_engine(config, progress=not args.json)
     prompt_ids = _encode(engine.tokenizer, args.prompt, chat=not args.raw)
 
@@ -146,7 +150,7 @@ def _generate(args) -> int:
             print(out.text, end="", flush=True)
 
     seq = engine.generate(prompt_ids, params, on_output=stream)
-    result = _result(seq, kind if not args.no_spec else "none", args.num_speculative_tokens)
+    result = _result(seq, kind, config.num_speculative_tokens)
     if args.json:
         print(json.dumps(result))
     else:

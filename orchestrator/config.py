@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from orchestrator.errors import InvalidRequestError
 
 DTYPES = ("float32", "float16", "bfloat16")
-DRAFTERS = ("onnx", "ngram", "none")
+DRAFTERS = ("onnx", "ngram", "none", "torch", "remote")
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,18 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class DrafterConfig:
-    kind: str = "onnx"  # "onnx" | "ngram" | "none"
+    kind: str = "onnx"  # "onnx" | "ngram" | "torch" | "remote" | "none"
     precision: str = "int4"  # onnx export: int4 | int8 | fp32
     block_size: int = 32
     int8_lm_head: bool = True  # INT4 body, 8-bit lm_head: the best measured INT4 config
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    provider_options: tuple[dict, ...] = ()  # one dict per provider, or () for none
     max_ngram: int = 3
+    model: str | None = None  # onnx/torch drafter checkpoint; None = the target's
+    device: str = "cpu"  # torch drafter device
+    dtype: str = "float32"  # torch drafter dtype
+    max_kv_tokens: int | None = None  # torch drafter KV capacity; None = the target's
+    address: str | None = None  # remote drafter host:port
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,8 @@ class EngineConfig:
     def validate(self) -> None:
         if self.dtype not in DTYPES:
             raise InvalidRequestError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.drafter.dtype not in DTYPES:
+            raise InvalidRequestError(f"drafter dtype must be one of {', '.join(DTYPES)}, got {self.drafter.dtype!r}")
         if self.drafter.kind not in DRAFTERS:
             raise InvalidRequestError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter.kind!r}")
         if not 0 <= self.num_speculative_tokens <= 32:

@@ -1,5 +1,7 @@
 """Errors a user can act on. The CLI prints them as one line; anything else is a bug."""
 
+REMOTE_NOT_AVAILABLE = "remote drafters need `hetspec drafter serve`, which is not yet available"
+
 
 class HetspecError(Exception):
     """Base class: a problem with the input or the environment, not with hetspec."""
@@ -15,3 +17,7 @@ class InvalidRequestError(HetspecError):
 
 class ExportError(HetspecError):
     """Drafter export failed."""
+
+
+class ProfileError(HetspecError):
+    """A placement profile that is malformed, or that cannot run on this machine."""

@@ -1,6 +1,7 @@
 """`hetspec profile check` and `hetspec devices`: the profile verbs this package owns."""
 
 import argparse
+import json
 
 
 def add_parsers(psub) -> None:
@@ -19,12 +20,34 @@ def add_devices_parser(sub) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from orchestrator.errors import HetspecError
+    """Exit 0 when the profile runs here, 1 when it cannot (the plan says why)."""
+    from orchestrator.profiles import load_profile
+    from orchestrator.profiles.check import check_profile, format_check
 
-    raise HetspecError("profile check is not implemented yet")
+    report = check_profile(load_profile(args.profile))
+    print(json.dumps(report, indent=2) if args.json else format_check(report))
+    return 0 if report["ok"] else 1
 
 
 def _devices(args: argparse.Namespace) -> int:
-    from orchestrator.errors import HetspecError
+    from devices.probe import list_devices
 
-    raise HetspecError("devices is not implemented yet")
+    found = list_devices()
+    print(json.dumps(found, indent=2) if args.json else _format_devices(found))
+    return 0
+
+
+def _format_devices(found: dict) -> str:
+    lines = []
+    for kind, entry in found["backends"].items():
+        if not entry["devices"]:
+            lines.append(f"{kind:<5} absent: {entry['reason']}")
+        for d in entry["devices"]:
+            mem = f", {d['total_memory'] / (1 << 30):.1f} GiB" if d["total_memory"] else ""
+            model = d["extra"].get("model") or f"{d['extra'].get('cores', '?')} cores"
+            lines.append(f"{d['name']:<5} present: {model}{mem}, dtypes {' '.join(d['dtypes'])}, "
+                         f"pinned memory {'yes' if d['pinned_memory'] else 'no'}")
+    ort = found["onnxruntime"]
+    lines.append(f"onnxruntime providers: {', '.join(ort['providers']) or ort['reason']}")
+    lines.append("packages: " + ", ".join(f"{p} {'yes' if ok else 'no'}" for p, ok in found["packages"].items()))
+    return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""`hetspec profile check`: the placement plan of a profile on this machine, with memory estimates."""
+
+from dataclasses import asdict
+
+from orchestrator.errors import HetspecError
+from orchestrator.profiles.memory import MemoryItem, drafter_items, per_device, target_items
+from orchestrator.profiles.plan import VERIFICATION, Plan, fallback_order
+
+
+def check_profile(profile) -> dict:
+    """The plan as a JSON-able dict; `ok` is False when the profile cannot run here (and says why)."""
+    plan = profile.plan()
+    items, memory_problem = _memory(plan)
+    problems = list(plan.problems) + ([memory_problem] if memory_problem else [])
+    devices = _device_rows(items)
+    problems += [f"{d['device']}: needs {_gib(d['needed'])}, has {_gib(d['total'])}"
+                 for d in devices if d["total"] is not None and d["needed"] > d["total"]]
+    return {"profile": profile.source, "description": profile.description, "ok": not problems,
+            "problems": problems, "fallbacks_taken": plan.fallbacks_taken(),
+            "target": _target(plan), "drafter": _drafter(plan),
+            "speculation": {"num_speculative_tokens": profile.speculation.num_speculative_tokens,
+                            "adaptive_k": profile.speculation.adaptive_k, "verification": VERIFICATION},
+            "memory": [asdict(i) for i in items], "devices": devices}
+
+
+def _target(plan: Plan) -> dict:
+    t = plan.profile.target
+    used = plan.target
+    return {"model": t.model, "wanted": {"device": t.device, "dtype": t.dtype},
+            "runs_on": None if used is None else {"device": used.device, "dtype": used.dtype},
+            "skipped": [{"device": p.device, "dtype": p.dtype, "reason": why} for p, why in plan.target_skipped]}
+
+
+def _drafter(plan: Plan) -> dict | None:
+    p = plan.profile
+    if p.speculation.drafter is None or p.speculation.num_speculative_tokens == 0:
+        return None
+    chain = fallback_order(p.drafters, p.speculation.drafter)
+    return {"wanted": p.speculation.drafter, "runs": plan.drafter,
+            "order": [{"name": n, "what": p.drafters[n].describe()} for n in chain],
+            "skipped": [{"name": n, "reason": why} for n, why in plan.drafter_skipped]}
+
+
+def _memory(plan: Plan) -> tuple[list[MemoryItem], str]:
+    """Memory items for what runs (or, where nothing can, what was declared first)."""
+    from orchestrator.checkpoints import resolve
+
+    p = plan.profile
+    placement = plan.target or p.target
+    try:
+        ckpt = resolve(p.target.model)
+        items = target_items(ckpt, placement.device, placement.dtype, p.target.kv.max_tokens,
+                             p.target.kv.block_size)
+        name = plan.drafter or (p.speculation.drafter if p.speculation.num_speculative_tokens else None)
+        if name is not None:
+            items += drafter_items(name, p.drafters[name].drafter_config(), ckpt, p.target.kv.max_tokens,
+                                   p.target.kv.block_size)
+    except HetspecError as e:
+        return [], f"memory estimate: {e}"
+    return items, ""
+
+
+def _device_rows(items: list[MemoryItem]) -> list[dict]:
+    from devices.probe import device_info
+
+    rows = []
+    for device, needed in per_device(items).items():
+        info = device_info(device)
+        rows.append({"device": device, "needed": needed, "present": info is not None,
+                     "total": info.total_memory if info else None, "free": info.free_memory if info else None})
+    return rows
+
+
+def format_check(report: dict) -> str:
+    """The report as text for a terminal."""
+    lines = [f"profile {report['profile']}: {report['description']}".rstrip(": ")]
+    t = report["target"]
+    runs = t["runs_on"]
+    where = f"{runs['device']} {runs['dtype']}" if runs else "nowhere here"
+    lines.append(f"  target   {t['model'] or 'smollm2-135m'} -> {where}")
+    lines += [f"           skipped {s['device']} {s['dtype']}: {s['reason']}" for s in t["skipped"]]
+    d = report["drafter"]
+    if d is None:
+        lines.append("  drafter  none (target only)")
+    else:
+        lines.append(f"  drafter  {d['runs'] or 'none can run here'} (wanted {d['wanted']}; "
+                     f"order: {', '.join(o['name'] + ' = ' + o['what'] for o in d['order'])})")
+        lines += [f"           skipped {s['name']}: {s['reason']}" for s in d["skipped"]]
+    s = report["speculation"]
+    lines.append(f"  k={s['num_speculative_tokens']}{' adaptive' if s['adaptive_k'] else ''}, "
+                 f"verification {s['verification']}")
+    lines.append("  memory (estimated):")
+    lines += [f"    {m['device']:<8} {m['what']:<32} {_gib(m['nbytes']):>10}  {m['note']}".rstrip()
+              for m in report["memory"]]
+    for row in report["devices"]:
+        has = (f"{_gib(row['free'])} free of {_gib(row['total'])}" if row["present"] and row["total"]
+               else "present" if row["present"] else "absent")
+        lines.append(f"    {row['device']:<8} total {_gib(row['needed']):>10}  (device: {has})")
+    lines += [f"  fallback: {note}" for note in report["fallbacks_taken"]]
+    verdict = "runs here" if report["ok"] else "CANNOT RUN HERE"
+    lines.append(f"  result: {verdict}" + "".join(f"\n    - {p}" for p in report["problems"]))
+    return "\n".join(lines)
+
+
+def _gib(nbytes: int | None) -> str:
+    if nbytes is None:
+        return "?"
+    return f"{nbytes / (1 << 30):.2f} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):.1f} MiB"

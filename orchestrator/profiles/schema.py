@@ -1,0 +1,230 @@
+"""The profile schema: typed sections with defaults, unknown keys refused, devices parsed (not probed)."""
+
+import re
+from typing import Annotated, Literal, Union
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from orchestrator.config import DrafterConfig
+from orchestrator.errors import REMOTE_NOT_AVAILABLE
+DRAFTER_KINDS = ("onnx", "torch", "ngram", "remote")
+Dtype = Literal["float32", "float16", "bfloat16"]
+PositiveInt = Annotated[int, Field(gt=0)]
+DrafterName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
+
+
+def _check_device(name: str) -> str:
+    from devices import DeviceUnavailable, parse_device
+
+    try:
+        parse_device(name)
+    except DeviceUnavailable as e:
+        raise ValueError(str(e)) from None
+    return name
+
+
+Device = Annotated[str, AfterValidator(_check_device)]  # cpu, cuda:N, npu:N (parsed, not probed)
+
+
+class Section(BaseModel):
+    """Strict types (YAML `"4"` is not 4), unknown keys named with the allowed ones."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data):
+        if isinstance(data, dict):
+            for key in data:
+                if key not in cls.model_fields:
+                    raise ValueError(f"unknown key {key!r} (allowed: {', '.join(cls.model_fields)})")
+        return data
+
+
+class Placement(Section):
+    """Where a model runs: a torch device name and a dtype."""
+
+    device: Device
+    dtype: Dtype = "float32"
+
+
+class KvSpec(Section):
+    block_size: PositiveInt = 16  # tokens per KV block
+    max_tokens: PositiveInt = 8192  # KV pool capacity in tokens (all sequences together)
+
+
+class TargetSpec(Placement):
+    """The verifying model. `fallback`: placements tried in order when `device` is missing."""
+
+    model: str | None = None  # HF dir, GGUF file, or smollm2-135m / gemma3-270m; None = smollm2-135m
+    kv: KvSpec = KvSpec()
+    max_num_seqs: PositiveInt = 16
+    fallback: list[Placement] = []
+
+
+class _DrafterBase(Section):
+    """Every drafter kind: `describe()`, `unavailable_reason()` ('' = runs here), `drafter_config()`."""
+
+    fallback: list[DrafterName] = []  # other drafter names, tried in order when this one cannot run
+
+
+class OnnxDrafterSpec(_DrafterBase):
+    """An exported ONNX decoder on ONNX Runtime; `device` picks the execution provider."""
+
+    kind: Literal["onnx"]
+    model: str | None = None  # checkpoint to export; None = the target's
+    device: Device = "cpu"
+    precision: Literal["int4", "int8", "fp32"] = "int4"
+    block_size: Literal[16, 32, 64, 128, 256] = 32
+    int8_lm_head: bool = True
+    provider_options: dict[str, str | int | float | bool] = {}
+
+    def describe(self) -> str:
+        from devices.ort import ort_provider
+
+        return f"onnx {self.precision} on {self.device} ({ort_provider(self.device)[0].name})"
+
+    def unavailable_reason(self) -> str:
+        from devices.ort import ort_unavailable_reason
+
+        return ort_unavailable_reason(self.device)
+
+    def drafter_config(self) -> DrafterConfig:
+        from devices.ort import ort_provider
+
+        provider, options = ort_provider(self.device, self.provider_options)
+        return DrafterConfig(kind="onnx", model=self.model, device=self.device, precision=self.precision,
+                             block_size=self.block_size, int8_lm_head=self.int8_lm_head,
+                             providers=(provider.name,), provider_options=(options,) if options else ())
+
+
+class TorchDrafterSpec(_DrafterBase):
+    """A small torch model run by the same runner as the target (e.g. on npu:0)."""
+
+    kind: Literal["torch"]
+    model: str | None = None  # None = the target's checkpoint (self-drafting; a test setup)
+    device: Device = "cpu"
+    dtype: Dtype = "float32"
+    max_kv_tokens: PositiveInt | None = None  # None = the target's KV capacity
+
+    def describe(self) -> str:
+        return f"torch {self.dtype} on {self.device}"
+
+    def unavailable_reason(self) -> str:
+        from devices.probe import device_unavailable_reason
+
+        return device_unavailable_reason(self.device)
+
+    def drafter_config(self) -> DrafterConfig:
+        return DrafterConfig(kind="torch", model=self.model, device=self.device, dtype=self.dtype,
+                             max_kv_tokens=self.max_kv_tokens)
+
+
+class NgramDrafterSpec(_DrafterBase):
+    """Prompt lookup over the sequence's own tokens; runs on the host, needs no model."""
+
+    kind: Literal["ngram"]
+    max_ngram: PositiveInt = 3
+
+    def describe(self) -> str:
+        return f"n-gram lookup (max n {self.max_ngram}) on the host"
+
+    def unavailable_reason(self) -> str:
+        return ""
+
+    def drafter_config(self) -> DrafterConfig:
+        return DrafterConfig(kind="ngram", max_ngram=self.max_ngram)
+
+
+class RemoteDrafterSpec(_DrafterBase):
+    """A drafter in another process or host, over gRPC (`hetspec drafter serve`: not yet available)."""
+
+    kind: Literal["remote"]
+    address: str  # host:port
+    tls: bool = False
+    timeout_s: Annotated[float, Field(gt=0)] = 5.0
+
+    @field_validator("address")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        m = re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d+)", v)
+        if not m or not 0 < int(m[2]) < 65536:
+            raise ValueError(f"expected host:port with a port in 1..65535, got {v!r}")
+        return v
+
+    def describe(self) -> str:
+        return f"remote at {self.address}{' (TLS)' if self.tls else ''}"
+
+    def unavailable_reason(self) -> str:
+        return REMOTE_NOT_AVAILABLE
+
+    def drafter_config(self) -> DrafterConfig:
+        return DrafterConfig(kind="remote", address=self.address)
+
+
+DrafterSpec = Annotated[Union[OnnxDrafterSpec, TorchDrafterSpec, NgramDrafterSpec, RemoteDrafterSpec],
+                        Field(discriminator="kind")]
+
+
+class SpeculationSpec(Section):
+    """Which drafter, how many tokens, how to verify. `drafter: null` = target only."""
+
+    drafter: DrafterName | None = None
+    num_speculative_tokens: Annotated[int, Field(ge=0, le=32)] = 4  # k
+    adaptive_k: bool = False
+    # Only lossless verification exists: greedy match at T=0, rejection sampling at T>0.
+    verification: Literal["exact"] = "exact"
+
+
+class ProfilingSpec(Section):
+    """Defaults for `hetspec profile run` (profiling workloads)."""
+
+    workload: Annotated[str, Field(min_length=1)] = "chat"  # a workload name or a prompts file
+    k_sweep: Annotated[list[Annotated[int, Field(ge=0, le=32)]], Field(min_length=1)] = [1, 2, 4, 8]
+    max_new_tokens: PositiveInt = 128
+    num_prompts: PositiveInt = 5
+    warmup: Annotated[int, Field(ge=0)] = 1
+    baseline: bool = True  # also run target-only decoding, for the speedup
+    output_dir: Annotated[str, Field(min_length=1)] = "hetspec-profile"
+    trace: bool = True  # write a Perfetto-viewable trace
+
+
+class TransportSpec(Section):
+    """How blocks cross devices and hosts."""
+
+    kind: Literal["inline", "shared_memory"] = "inline"
+    pinned_staging: bool = True  # page-locked host buffers where the device supports them
+    staging_pool_bytes: PositiveInt = 64 << 20
+    max_message_bytes: PositiveInt = 64 << 20
+    checksum: bool = True
+
+
+class TlsSpec(Section):
+    cert_file: str
+    key_file: str
+    ca_file: str | None = None  # set to require client certificates
+
+
+class ServerSpec(Section):
+    """gRPC services. Localhost by default; auth token read from the named environment variable."""
+
+    host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 50051
+    drafter_port: Annotated[int, Field(ge=1, le=65535)] = 50061
+    max_concurrent_requests: PositiveInt = 16
+    tls: TlsSpec | None = None
+    auth_token_env: str | None = None
+
+
+class ProfileSpec(Section):
+    """A whole profile file, as validated (cross-references are checked by the loader)."""
+
+    version: Literal[1]
+    name: str | None = None
+    description: str = ""
+    target: TargetSpec
+    drafters: dict[DrafterName, DrafterSpec] = {}
+    speculation: SpeculationSpec = SpeculationSpec()
+    profiling: ProfilingSpec = ProfilingSpec()
+    transport: TransportSpec = TransportSpec()
+    server: ServerSpec = ServerSpec()

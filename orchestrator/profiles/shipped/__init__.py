@@ -1,0 +1,1 @@
+"""Profiles that ship with hetspec (YAML package data); `hetspec profile check NAME` reads them."""
