@@ -68,6 +68,24 @@ class BlockPool:
         self._free.extend(self.tables.pop(seq_id, ()))
         self.lengths.pop(seq_id, None)
 
+    # ---- moving a sequence's K/V out and back (swap, handoff) ----------------------------
+
+    def read_blocks(self, seq_id: int) -> torch.Tensor:
+        """A copy of the sequence's blocks, in table order: [layers, 2, num_blocks, block_size, kv_heads, head_dim]."""
+        table = torch.tensor(self.tables[seq_id], dtype=torch.long, device=self.kv.device)
+        return self.kv.index_select(2, table)
+
+    def write_blocks(self, seq_id: int, blocks: torch.Tensor, length: int) -> None:
+        """Open `seq_id` with K/V of positions [0, length) taken from `blocks` (as read_blocks gives)."""
+        if self.tables.get(seq_id):
+            raise ValueError(f"sequence {seq_id} already holds KV blocks")
+        if blocks.shape[2] != -(-length // self.block_size) or blocks.shape[3] != self.block_size:
+            raise ValueError(f"{blocks.shape[2]} blocks of {blocks.shape[3]} do not hold exactly {length} tokens")
+        self.grow(seq_id, length)
+        table = torch.tensor(self.tables[seq_id], dtype=torch.long, device=self.kv.device)
+        self.kv.index_copy_(2, table, blocks.to(self.kv.device, self.kv.dtype))
+        self.commit_length(seq_id, length)
+
     # ---- addressing ------------------------------------------------------------------
 
     def slots(self, seq_id: int, start: int, end: int) -> torch.Tensor:

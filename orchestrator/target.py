@@ -31,6 +31,7 @@ class TargetRunner:
         except DeviceUnavailable as e:
             raise HetspecError(str(e)) from e
         self.dtype = dtype
+        self.model_id = ckpt.key  # names the model in the blocks this runner sends
         self.model = Transformer.load(ckpt.hf_dir, self.device, dtype)
         s = self.model.spec
         self.max_context = s.max_position_embeddings

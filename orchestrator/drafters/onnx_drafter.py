@@ -64,6 +64,20 @@ class OnnxDrafter(Drafter):
         kv = (_SharedKV(self, len(prompt_ids)) if self._share_buffer else _ConcatKV(self))
         self._seqs[seq_id] = _Sequence(committed_ids=list(prompt_ids), kv=kv)
 
+    def start_with_kv(self, seq_id: int, prompt_ids: list[int], kv: torch.Tensor) -> None:
+        """Open a sequence whose first T prompt tokens' K/V are given (KV handoff): no prefill for them.
+
+        kv: [num_layers, 2 (key, value), kv_heads, T, head_dim], T <= len(prompt_ids).
+        """
+        want = (self.num_layers, 2, self.num_kv_heads, kv.shape[3], self.head_dim)
+        if tuple(kv.shape) != want or kv.shape[3] > len(prompt_ids):
+            raise InvalidRequestError(f"handed-off KV has shape {tuple(kv.shape)}; this drafter needs {want} "
+                                      f"with at most {len(prompt_ids)} tokens")
+        self.start(seq_id, prompt_ids)
+        seq = self._seqs[seq_id]
+        seq.kv.write_prefix(kv.to(torch.float32).numpy().astype(self._kv_dtype, copy=False))
+        seq.cached_ids = list(prompt_ids[:kv.shape[3]])
+
     def propose(self, seq_id: int, k: int, temperature: float = 0.0, top_k: int = 0,
                 top_p: float = 1.0, generator: torch.Generator | None = None) -> DraftProposal:
         seq = self._seq(seq_id)
@@ -198,6 +212,10 @@ class _ConcatKV:
         # a contiguous copy, so the dropped tail's memory is actually released
         self.past = [np.ascontiguousarray(p[:, :, :length]) for p in self.past]
 
+    def write_prefix(self, kv: np.ndarray) -> None:
+        """kv: [num_layers, 2, kv_heads, T, head_dim] becomes the whole cache."""
+        self.past = [np.ascontiguousarray(kv[i // 2, i % 2][None]) for i in range(len(self.past))]
+
 
 class _SharedKV:
     """K/V in fixed-capacity buffers bound as both past input and present output (GQA)."""
@@ -209,6 +227,7 @@ class _SharedKV:
         self.device, self.device_id = drafter._kv_device
         self.capacity = 0
         self.buffers = []  # [2 * num_layers] OrtValue [1, kv_heads, capacity, head_dim]
+        self.host: list[np.ndarray] | None = None  # the buffers' memory when they live on the host
         self._grow(num_tokens + 64, num_valid=0)
 
     def run(self, feed: dict, num_past: int, num_new: int) -> np.ndarray:
@@ -224,6 +243,19 @@ class _SharedKV:
     def truncate(self, length: int) -> None:
         """Nothing to do: positions >= length are masked out and overwritten by later steps."""
 
+    def write_prefix(self, kv: np.ndarray) -> None:
+        """kv: [num_layers, 2, kv_heads, T, head_dim] fills positions [0, T) of every buffer."""
+        T = kv.shape[3]
+        if T > self.capacity:
+            self._grow(T, num_valid=0)
+        for i, value in enumerate(self.buffers):  # past inputs: layer 0 key, layer 0 value, ...
+            if self.host is not None:  # host buffers alias numpy arrays: write in place
+                self.host[i][0, :, :T] = kv[i // 2, i % 2]
+            else:
+                full = value.numpy()
+                full[0, :, :T] = kv[i // 2, i % 2]
+                value.update_inplace(full)
+
     def _grow(self, num_needed: int, num_valid: int) -> None:
         import onnxruntime as ort
 
@@ -234,15 +266,20 @@ class _SharedKV:
         capacity = max(2 * self.capacity, -(-num_needed // self.BLOCK) * self.BLOCK)
         capacity = min(capacity, d.max_length)
         shape = (1, d.num_kv_heads, capacity, d.head_dim)
-        buffers = []
+        on_host = self.device == "cpu"
+        buffers, host = [], []
         for old in self.buffers or [None] * len(d._past_inputs):
-            new = ort.OrtValue.ortvalue_from_shape_and_type(shape, d._kv_dtype, self.device, self.device_id)
-            if old is not None and num_valid:  # rare: copy the valid prefix through the host
-                host = np.zeros(shape, d._kv_dtype)
-                host[:, :, :num_valid] = old.numpy()[:, :, :num_valid]
-                new.update_inplace(host)
-            buffers.append(new)
-        self.buffers, self.capacity = buffers, capacity
+            array = np.zeros(shape, d._kv_dtype)
+            if old is not None and num_valid:  # rare: copy the valid prefix
+                array[:, :, :num_valid] = old.numpy()[:, :, :num_valid]
+            if on_host:  # a CPU OrtValue aliases its numpy array: writes go straight in
+                buffers.append(ort.OrtValue.ortvalue_from_numpy(array))
+                host.append(array)
+            else:
+                new = ort.OrtValue.ortvalue_from_shape_and_type(shape, d._kv_dtype, self.device, self.device_id)
+                new.update_inplace(array)
+                buffers.append(new)
+        self.buffers, self.capacity, self.host = buffers, capacity, host if on_host else None
         self.binding = d.session.io_binding()
         self.binding.bind_output("logits", self.device, self.device_id)
         for past, present, value in zip(d._past_inputs, d._outputs[1:], buffers):

@@ -1,0 +1,58 @@
+"""KV handoff: a self-drafter starts each sequence from the target's prefill K/V.
+
+A drafter exported from the target's own checkpoint has the target's layer/head geometry,
+so the K/V the target computed for the prompt can replace the drafter's prefill. The K/V
+leaves the target's pool as a protocol block (device -> host through the staging pool),
+travels as one inline Block message, and is validated, converted from the pool layout to
+the drafter's [layers, 2, heads, tokens, dim] and from the target's dtype to float32.
+"""
+
+import torch
+
+from orchestrator.drafters.base import DraftProposal, Drafter
+from orchestrator.drafters.onnx_drafter import OnnxDrafter
+from orchestrator.kv_transfer import check_geometry, export_kv
+from orchestrator.target import TargetRunner
+from protocol import codec, inline
+from protocol.pb import blocks_pb2 as pb
+from protocol.staging import StagingPool
+
+
+class KvHandoffDrafter(Drafter):
+    """Wraps an ONNX self-drafter; `start` takes the prompt's K/V from the target."""
+
+    def __init__(self, inner: OnnxDrafter, target: TargetRunner, staging: StagingPool | None = None):
+        self.inner = inner
+        self.target = target
+        self.staging = staging or StagingPool(target.device)
+        self.name = f"{inner.name}+kv-handoff"
+        self.bytes_sent = 0
+
+    def start(self, seq_id: int, prompt_ids: list[int]) -> None:
+        """Called after the target's prefill: its pool holds K/V for the whole prompt."""
+        host = export_kv(self.target, seq_id, self.staging)
+        try:
+            block = inline.to_block(host.encoded)  # what crosses the wire to a remote drafter
+        finally:
+            host.release()
+        self.bytes_sent += len(block.data)
+        d, payload = inline.from_block(block)
+        check_geometry(d, self.target.model_id, self.inner.num_layers, self.inner.num_kv_heads, self.inner.head_dim)
+        kv = codec.decode(d, bytearray(payload), layout=pb.LAYOUT_KV_SEQ, dtype=torch.float32, verified=True)
+        self.inner.start_with_kv(seq_id, prompt_ids, kv[:, :, :, :len(prompt_ids)])  # [L, 2, H, T, D]
+
+    def propose(self, seq_id: int, k: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                generator: torch.Generator | None = None) -> DraftProposal:
+        return self.inner.propose(seq_id, k, temperature, top_k, top_p, generator)
+
+    def extend(self, seq_id: int, token_ids: list[int]) -> None:
+        self.inner.extend(seq_id, token_ids)
+
+    def rollback(self, seq_id: int, n: int) -> None:
+        self.inner.rollback(seq_id, n)
+
+    def finish(self, seq_id: int) -> None:
+        self.inner.finish(seq_id)
+
+    def close(self) -> None:
+        self.inner.close()
