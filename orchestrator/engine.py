@@ -11,6 +11,7 @@ from orchestrator.config import SamplingParams
 from orchestrator.detok import TextStream
 from orchestrator.drafters.base import Drafter, DraftProposal
 from orchestrator.errors import InvalidRequestError
+from orchestrator.profiler.spans import Tracer, Track
 from orchestrator.sampling import logits_to_probs
 from orchestrator.scheduler import Scheduler
 from orchestrator.sequence import Sequence, Status
@@ -46,6 +47,15 @@ class Engine:
         self.sequences: dict[int, Sequence] = {}
         self._streams: dict[int, TextStream] = {}
         self._ids = itertools.count()
+        # Spans of every phase (profiling runs enable them). A drafter without a torch device
+        # is timed on the host clock: ONNX Runtime's run() returns when its work is done.
+        self.tracer = Tracer(enabled=False)
+        self.num_steps = 0
+        self._host = Track("cpu", "host")
+        self._target_track = Track(str(target.device), "target")
+        self._drafter_track = Track(str(getattr(drafter, "device", "cpu")),
+                                    f"drafter ({getattr(drafter, 'name', 'none')})")
+        self._flows: dict[int, int] = {}  # seq_id -> flow of this step's draft ids
 
     # ---- requests --------------------------------------------------------------------
 
@@ -80,12 +90,16 @@ class Engine:
     # ---- the step --------------------------------------------------------------------
 
     def step(self) -> list[StepOutput]:
-        seqs = self.scheduler.schedule()
+        with self.tracer.span("schedule", self._host, step=self.num_steps):
+            seqs = self.scheduler.schedule()
         if not seqs:
             return []
         drafts = self._propose(seqs)
         results = self._verify(seqs, drafts)
-        return [self._commit(seq, drafts[seq.seq_id], res) for seq, res in zip(seqs, results)]
+        outputs = [self._commit(seq, drafts[seq.seq_id], res) for seq, res in zip(seqs, results)]
+        self.num_steps += 1
+        self.tracer.flush()  # reads device timers: one sync per step, after the work
+        return outputs
 
     def _propose(self, seqs: list[Sequence]) -> dict[int, DraftProposal]:
         drafts = {}
@@ -96,7 +110,10 @@ class Engine:
                 continue
             t0 = time.perf_counter()
             p = seq.params
-            drafts[seq.seq_id] = self.drafter.propose(seq.seq_id, k, p.temperature, p.top_k, p.top_p, seq.generator)
+            flow = self._flows[seq.seq_id] = self.tracer.new_flow()
+            with self.tracer.span("draft", self._drafter_track, self.num_steps, seq.seq_id, flow_out=flow):
+                drafts[seq.seq_id] = self.drafter.propose(seq.seq_id, k, p.temperature, p.top_k, p.top_p,
+                                                          seq.generator)
             seq.stats.time_draft_s += time.perf_counter() - t0
         return drafts
 
@@ -115,8 +132,16 @@ class Engine:
             d = drafts[seq.seq_id].draft_ids
             batch.append((seq.seq_id, pending + d, len(d) + 1))
         t0 = time.perf_counter()
-        outputs = self.target.forward(batch)
+        # draft ids reach the target in process (a list, no copy); the flow marks the hand-off
+        flows, self._flows = tuple(self._flows.values()), {}
+        phase = "verify" if any(seq.prefilled for seq in seqs) else "prefill"
+        num_tokens = sum(len(b[1]) for b in batch)
+        with self.tracer.span(phase, self._target_track, self.num_steps, flow_in=flows, num_tokens=num_tokens):
+            outputs = self.target.forward(batch)
         results = [self._accept(seq, drafts[seq.seq_id], out.logits) for seq, out in zip(seqs, outputs)]
+        if self.target.device.type != "cpu":  # the committed ids go to the host: time that copy
+            with self.tracer.span("d2h", self._target_track, self.num_steps, nbytes=_nbytes(results)):
+                results = [VerifyResult(r.output_ids.cpu(), r.num_accepted.cpu()) for r in results]
         elapsed = time.perf_counter() - t0
         for seq in seqs:
             if seq.prefilled:
@@ -126,6 +151,11 @@ class Engine:
         return results
 
     def _accept(self, seq: Sequence, draft: DraftProposal, logits: torch.Tensor) -> VerifyResult:
+        # logits: [num_draft + 1, vocab]
+        with self.tracer.span("accept", self._target_track, self.num_steps, seq.seq_id):
+            return self._accept_reject(seq, draft, logits)
+
+    def _accept_reject(self, seq: Sequence, draft: DraftProposal, logits: torch.Tensor) -> VerifyResult:
         # logits: [num_draft + 1, vocab]
         n = len(draft.draft_ids)
         draft_ids = torch.tensor([draft.draft_ids], dtype=torch.long).view(1, n)
@@ -140,19 +170,32 @@ class Engine:
     # ---- commit and emit -------------------------------------------------------------
 
     def _commit(self, seq: Sequence, draft: DraftProposal, res: VerifyResult) -> StepOutput:
-        num_accepted = int(res.num_accepted[0])
-        new_ids = res.output_ids[0, :num_accepted + 1].tolist()
+        tracer, step = self.tracer, self.num_steps
+        with tracer.span("commit", self._host, step, seq.seq_id) as span:
+            num_accepted = int(res.num_accepted[0])
+            new_ids = res.output_ids[0, :num_accepted + 1].tolist()
+            if span is not None and seq.prefilled:  # a verify step (not the prefill): its counts
+                span.args.update(num_draft=len(draft.draft_ids), num_accepted=num_accepted)
+            self._record(seq, draft, num_accepted, len(new_ids))
+        # K/V is kept for every committed token but the newest, which is fed next step.
+        with tracer.span("rollback", self._target_track, step, seq.seq_id):
+            self.target.rollback(seq.seq_id, seq.num_tokens + num_accepted)
+        with tracer.span("emit", self._host, step, seq.seq_id):
+            return self._emit(seq, new_ids)
+
+    def _record(self, seq: Sequence, draft: DraftProposal, num_accepted: int, num_committed: int) -> None:
         first = not seq.prefilled
         if first:
             seq.first_token_s = time.perf_counter()
             if self.drafter is not None and seq.k:
                 self.drafter.start(seq.seq_id, seq.prompt_ids)
         else:
-            seq.stats.record(len(draft.draft_ids), num_accepted, len(new_ids))
+            seq.stats.record(len(draft.draft_ids), num_accepted, num_committed)
             if self.adaptive_k and draft.draft_ids:
                 seq.draft_len = _next_draft_len(seq.draft_len, len(draft.draft_ids), num_accepted, seq.k)
-        # K/V is kept for every committed token but the newest, which is fed next step.
-        self.target.rollback(seq.seq_id, seq.num_tokens + num_accepted)
+
+    def _emit(self, seq: Sequence, new_ids: list[int]) -> StepOutput:
+        """Apply EOS/length/stop limits, stream the new text, finish or hand ids to the drafter."""
         new_ids, reason = self._apply_limits(seq, new_ids)
         seq.output_ids.extend(new_ids)
         if reason is None and seq.num_tokens >= self.max_len:
@@ -202,6 +245,10 @@ class Engine:
         """Forget a finished request and hand back its final state."""
         self._streams.pop(seq_id, None)
         return self.sequences.pop(seq_id)
+
+
+def _nbytes(results: list[VerifyResult]) -> int:
+    return sum(r.output_ids.nbytes + r.num_accepted.nbytes for r in results)
 
 
 def _next_draft_len(current: int, num_draft: int, num_accepted: int, k_max: int) -> int:
