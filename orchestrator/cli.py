@@ -87,11 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_profile_group(sub) -> None:
     """`hetspec profile <verb>`: each verb's module registers itself on `psub`; plus `hetspec devices`."""
+    from orchestrator.profiler import cli as profiler_cli
     from orchestrator.profiles import cli as profiles_cli
 
-    p = sub.add_parser("profile", help="device-placement profiles (check; see README)")
+    p = sub.add_parser("profile", help="device-placement profiles (check) and profiling runs (run, compare)")
     psub = p.add_subparsers(dest="profile_command", required=True, parser_class=_Parser)
     profiles_cli.add_parsers(psub)
+    profiler_cli.add_parsers(psub)  # run, compare
     profiles_cli.add_devices_parser(sub)
 
 
