@@ -37,7 +37,8 @@ def _drafter(plan: Plan) -> dict | None:
         return None
     chain = fallback_order(p.drafters, p.speculation.drafter)
     return {"wanted": p.speculation.drafter, "runs": plan.drafter,
-            "order": [{"name": n, "what": p.drafters[n].describe()} for n in chain],
+            "order": [{"name": n, "kind": p.drafters[n].kind, "what": p.drafters[n].describe()}
+                      for n in chain],
             "skipped": [{"name": n, "reason": why} for n, why in plan.drafter_skipped]}
 
 

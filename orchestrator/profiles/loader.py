@@ -87,7 +87,7 @@ def _first_error(e: ValidationError) -> str:
     loc = list(err["loc"])
     if len(loc) > 2 and loc[0] == "drafters" and loc[2] in DRAFTER_KINDS:
         del loc[2]  # the discriminated union's tag, not a key the user wrote
-    path = ".".join(str(p) for p in loc) or "(top level)"
+    path = ".".join(str(p) for p in loc if p != "[key]") or "(top level)"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{path}: {_message(err)}{more}"
 
@@ -100,6 +100,8 @@ def _message(err: dict) -> str:
         return f"missing 'kind' (one of {', '.join(DRAFTER_KINDS)})"
     if kind == "union_tag_invalid":
         return f"unknown kind {err['input'].get('kind')!r} (one of {', '.join(DRAFTER_KINDS)})"
+    if kind == "string_pattern_mismatch":
+        return f"{err['input']!r}: names may use only letters, digits, '_', '.' and '-'"
     if kind == "literal_error":
         return f"{msg}, got {err['input']!r}"
     if msg.startswith("Value error, "):

@@ -23,6 +23,13 @@ def _check_device(name: str) -> str:
     return name
 
 
+def _check_scalar(value):
+    if not isinstance(value, (str, int, float, bool)):
+        raise ValueError(f"expected a string, number or boolean, got {type(value).__name__}")
+    return value
+
+
+Scalar = Annotated[object, AfterValidator(_check_scalar)]
 Device = Annotated[str, AfterValidator(_check_device)]  # cpu, cuda:N, npu:N (parsed, not probed)
 
 
@@ -77,7 +84,7 @@ class OnnxDrafterSpec(_DrafterBase):
     precision: Literal["int4", "int8", "fp32"] = "int4"
     block_size: Literal[16, 32, 64, 128, 256] = 32
     int8_lm_head: bool = True
-    provider_options: dict[str, str | int | float | bool] = {}
+    provider_options: dict[str, Scalar] = {}  # passed to the provider as strings
 
     def describe(self) -> str:
         from devices.ort import ort_provider
