@@ -57,3 +57,12 @@ def test_sweep_parses(text, ks):
 def test_bad_sweep_is_refused(text):
     with pytest.raises(HetspecError, match="--sweep"):
         parse_sweep(text)
+
+
+def test_profiles_give_the_engine_config_and_profiling_defaults():
+    from orchestrator.profiler.cli import load_config
+
+    name, config, defaults = load_config("cpu")
+    assert name == "cpu" and config.drafter.kind == "onnx" and config.num_speculative_tokens == 4
+    assert defaults.workload == "chat" and 0 not in defaults.k_sweep and defaults.max_new_tokens > 0
+    assert load_config("cpu-ngram")[1].drafter.kind == "ngram"

@@ -8,10 +8,6 @@ from pathlib import Path
 
 from orchestrator.errors import HetspecError
 
-# Used when the profiles package cannot load a profile (its loader is not there yet).
-_FALLBACK_PROFILES = ("cpu", "cpu-ngram")
-
-
 @dataclass
 class _Defaults:
     """`profiling:` defaults of a profile (or ours when it has none); flags override them."""
@@ -57,26 +53,15 @@ def parse_sweep(text: str) -> list[int]:
 
 
 def load_config(ref: str):
-    """A profile -> (name, EngineConfig, profiling defaults)."""
-    try:
-        from orchestrator.profiles import load_profile
-    except ImportError:
-        load_profile = None
-    if load_profile is not None:
-        profile = load_profile(ref)
-        spec = getattr(profile, "profiling", None)
-        defaults = _Defaults()
-        if spec is not None:
-            defaults = _Defaults(spec.workload, tuple(k for k in spec.k_sweep if k > 0) or defaults.k_sweep,
-                                 spec.max_new_tokens, spec.num_prompts, spec.output_dir, spec.trace)
-        return profile.name, profile.engine_config(), defaults
-    from orchestrator.config import DrafterConfig, EngineConfig
+    """A profile (shipped name or YAML file) -> (name, EngineConfig, profiling defaults)."""
+    from orchestrator.profiles import load_profile
 
-    if ref not in _FALLBACK_PROFILES:
-        raise HetspecError(f"unknown profile {ref!r}: without the profiles package only "
-                           f"{', '.join(_FALLBACK_PROFILES)} are known")
-    kind = "ngram" if ref == "cpu-ngram" else "onnx"
-    return ref, EngineConfig(drafter=DrafterConfig(kind=kind)), _Defaults()
+    profile = load_profile(ref)
+    spec, defaults = profile.profiling, _Defaults()
+    if spec is not None:  # k = 0 in a profile's sweep means the baseline, which always runs
+        defaults = _Defaults(spec.workload, tuple(k for k in spec.k_sweep if k > 0) or defaults.k_sweep,
+                             spec.max_new_tokens, spec.num_prompts, spec.output_dir, spec.trace)
+    return profile.name, profile.engine_config(), defaults
 
 
 def _run(args: argparse.Namespace) -> int:

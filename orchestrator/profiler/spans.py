@@ -99,12 +99,17 @@ _NULL_SPAN = _NullSpan()
 
 
 class Tracer:
-    """Collects spans; `flush()` reads pending device timers and hands spans to listeners."""
+    """Collects spans; `flush()` reads pending device timers and hands spans to listeners.
+
+    `listeners` get each span as it is recorded; `flush_listeners` get the list of spans that
+    one `flush()` resolved (the engine flushes once per step, so that is one step's spans).
+    """
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
         self.spans: list[Span] = []
         self.listeners: list[Callable[[Span], None]] = []
+        self.flush_listeners: list[Callable[[list[Span]], None]] = []
         self._pending: list[_OpenSpan] = []
         self._backends: dict[str, tuple] = {}
         self._next_flow = 0
@@ -133,6 +138,10 @@ class Tracer:
         for open_span in pending:
             open_span.span.dur_ms = open_span.timer.elapsed_ms()
             self._emit(open_span.span)
+        if pending and self.flush_listeners:
+            spans = [open_span.span for open_span in pending]
+            for listener in self.flush_listeners:
+                listener(spans)
 
     def clear(self) -> list[Span]:
         """Flush, then hand over and forget the recorded spans."""
