@@ -196,3 +196,12 @@ def test_an_explicit_device_is_never_swapped_for_a_fallback(tmp_path):
     path = write(tmp_path, base(target={"device": "cpu", "fallback": [{"device": "cpu"}]}))
     with pytest.raises(ProfileError, match=f"{MISSING_CUDA}.*no fallback declared"):
         engine_config_from_args(_args(profile=path, device=MISSING_CUDA))
+
+
+def test_the_readme_example_loads_and_its_fallbacks_resolve(tmp_path):
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    example = readme.split("Writing one")[1].split("```yaml\n")[1].split("```")[0]
+    plan = load_profile(write(tmp_path, example)).plan()
+    assert plan.ok and plan.target.device in ("cpu", "cuda:0") and plan.drafter in ("npu-int4", "lookup")
