@@ -21,6 +21,14 @@ def to_block(enc: Encoded) -> pb.Block:
     return pb.Block(descriptor=d, data=enc.payload.tobytes())
 
 
+def parse_block(data: bytes) -> pb.Block:
+    """A Block from wire bytes; malformed protobuf becomes a BlockError."""
+    try:
+        return pb.Block.FromString(data)
+    except Exception as e:  # protobuf raises DecodeError, and RuntimeError for some corruptions
+        raise BlockError("block", f"not a valid Block message ({type(e).__name__})") from None
+
+
 def from_block(block: pb.Block, limits: Limits = DEFAULT_LIMITS) -> tuple[pb.BlockDescriptor, bytes]:
     """Validate a single-message block; return (descriptor, payload)."""
     d = block.descriptor
@@ -72,7 +80,9 @@ class Assembler:
         self._filled, self._next = end, self._next + 1
         if self._next < self.descriptor.locator.inline.num_chunks:
             return None
-        validate_payload(self.descriptor, self._buf)  # also catches a short transfer
+        if self._filled != len(self._buf):
+            raise BlockError("data", f"transfer carried {self._filled} of {len(self._buf)} bytes")
+        validate_payload(self.descriptor, self._buf)
         return self.descriptor, self._buf
 
     def _start(self, chunk: pb.BlockChunk) -> None:

@@ -1,0 +1,91 @@
+"""BlockTransfer over gRPC: push one block per call, inline (chunked) or as a shm descriptor.
+
+The server validates every chunk and descriptor before it copies a byte, reads shm payloads
+through a ShmReader, and answers INVALID_ARGUMENT naming the field for anything malformed.
+"""
+
+from collections.abc import Callable, Iterator
+from concurrent import futures
+
+import grpc
+
+from protocol.codec import Encoded
+from protocol.errors import BlockError
+from protocol.inline import DEFAULT_CHUNK_BYTES, Assembler, to_chunks
+from protocol.pb import blocks_pb2 as pb
+from protocol.pb import blocks_pb2_grpc
+from protocol.shm import ShmReader
+from protocol.validate import DEFAULT_LIMITS, Limits, checksum, validate_descriptor
+
+# A chunk message is its payload plus a descriptor of a few hundred bytes.
+MAX_MESSAGE_BYTES = DEFAULT_CHUNK_BYTES + (64 << 10)
+
+OnBlock = Callable[[pb.BlockDescriptor, bytearray], None]
+
+
+class BlockTransferServicer(blocks_pb2_grpc.BlockTransferServicer):
+    """Receives one block per Push call; hands (descriptor, payload) to `on_block`."""
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS, on_block: OnBlock | None = None):
+        self.limits = limits
+        self.on_block = on_block
+        self.shm = ShmReader()
+
+    def Push(self, request_iterator: Iterator[pb.BlockChunk], context: grpc.ServicerContext) -> pb.PushReply:
+        try:
+            d, payload = self._receive(request_iterator)
+        except BlockError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if self.on_block is not None:
+            self.on_block(d, payload)
+        return pb.PushReply(byte_length=len(payload), checksum=checksum(d.checksum_algorithm, payload))
+
+    def _receive(self, chunks: Iterator[pb.BlockChunk]) -> tuple[pb.BlockDescriptor, bytearray]:
+        first = next(chunks, None)
+        if first is None:
+            raise BlockError("chunk", "empty stream")
+        if first.HasField("descriptor") and first.descriptor.locator.WhichOneof("where") == "shm":
+            validate_descriptor(first.descriptor, self.limits)
+            if first.data or next(chunks, None) is not None:
+                raise BlockError("chunk.data", "a shm block is one chunk without data")
+            return first.descriptor, self.shm.read(first.descriptor)
+        assembler = Assembler(self.limits)
+        done = assembler.add(first)
+        for chunk in chunks:
+            if done is not None:
+                raise BlockError("chunk.index", "chunks after the last one")
+            done = assembler.add(chunk)
+        if done is None:
+            raise BlockError("chunk.index", "stream ended before the last chunk")
+        return done
+
+
+def serve(host: str = "127.0.0.1", port: int = 0, limits: Limits = DEFAULT_LIMITS,
+          on_block: OnBlock | None = None, max_workers: int = 4) -> tuple[grpc.Server, int]:
+    """Start a BlockTransfer server (localhost by default); returns (server, bound port)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+    blocks_pb2_grpc.add_BlockTransferServicer_to_server(BlockTransferServicer(limits, on_block), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind {host}:{port}")
+    server.start()
+    return server, bound
+
+
+def channel(target: str) -> grpc.Channel:
+    return grpc.insecure_channel(target, options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                                                  ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+
+
+def push(stub: blocks_pb2_grpc.BlockTransferStub, enc: Encoded, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+         timeout: float | None = 60.0) -> pb.PushReply:
+    """Send one block inline, chunked."""
+    return stub.Push(to_chunks(enc, chunk_bytes), timeout=timeout)
+
+
+def push_descriptor(stub: blocks_pb2_grpc.BlockTransferStub, d: pb.BlockDescriptor,
+                    timeout: float | None = 60.0) -> pb.PushReply:
+    """Send a descriptor whose bytes are elsewhere (a shm locator): one chunk, no data."""
+    return stub.Push(iter([pb.BlockChunk(transfer_id=0, index=0, descriptor=d)]), timeout=timeout)
