@@ -55,15 +55,16 @@ def to_chunks(enc: Encoded, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[
 class Assembler:
     """Reassembles one chunked transfer, validating before it allocates or copies anything."""
 
-    def __init__(self, limits: Limits = DEFAULT_LIMITS):
+    def __init__(self, limits: Limits = DEFAULT_LIMITS, allocate=None):
         self.limits = limits
+        self.allocate = allocate or bytearray  # nbytes -> writable buffer (a reusable one, say)
         self.descriptor: pb.BlockDescriptor | None = None
-        self._buf: bytearray | None = None
+        self._buf = None
         self._filled = 0
         self._next = 0
         self._transfer_id = 0
 
-    def add(self, chunk: pb.BlockChunk) -> tuple[pb.BlockDescriptor, bytearray] | None:
+    def add(self, chunk: pb.BlockChunk) -> tuple[pb.BlockDescriptor, memoryview] | None:
         """Take the next chunk; return (descriptor, payload) after the last one."""
         if self._next == 0:
             self._start(chunk)
@@ -74,14 +75,14 @@ class Assembler:
         if chunk.index != self._next:
             raise BlockError("chunk.index", f"got {chunk.index}, expected {self._next}")
         end = self._filled + len(chunk.data)
-        if end > len(self._buf):
-            raise BlockError("chunk.data", f"transfer overruns byte_length {len(self._buf)}")
+        if end > self._buf.nbytes:
+            raise BlockError("chunk.data", f"transfer overruns byte_length {self._buf.nbytes}")
         self._buf[self._filled:end] = chunk.data
         self._filled, self._next = end, self._next + 1
         if self._next < self.descriptor.locator.inline.num_chunks:
             return None
-        if self._filled != len(self._buf):
-            raise BlockError("data", f"transfer carried {self._filled} of {len(self._buf)} bytes")
+        if self._filled != self._buf.nbytes:
+            raise BlockError("data", f"transfer carried {self._filled} of {self._buf.nbytes} bytes")
         validate_payload(self.descriptor, self._buf)
         return self.descriptor, self._buf
 
@@ -93,14 +94,14 @@ class Assembler:
         if d.locator.WhichOneof("where") != "inline" or d.locator.inline.num_chunks == 0:
             raise BlockError("locator.inline.num_chunks", "a chunked transfer needs an inline locator with num_chunks >= 1")
         self.descriptor, self._transfer_id = d, chunk.transfer_id
-        self._buf = bytearray(d.byte_length)
+        self._buf = memoryview(self.allocate(d.byte_length))
 
     @property
     def incomplete(self) -> bool:
         return self._next > 0 and self._next < self.descriptor.locator.inline.num_chunks
 
 
-def assemble(chunks: Iterable[pb.BlockChunk], limits: Limits = DEFAULT_LIMITS) -> tuple[pb.BlockDescriptor, bytearray]:
+def assemble(chunks: Iterable[pb.BlockChunk], limits: Limits = DEFAULT_LIMITS) -> tuple[pb.BlockDescriptor, memoryview]:
     """Reassemble exactly one transfer from a chunk stream."""
     assembler = Assembler(limits)
     for chunk in chunks:

@@ -15,6 +15,8 @@ import os
 import secrets
 import struct
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
@@ -138,21 +140,48 @@ class ShmReader:
         return out
 
     def read_into(self, d: pb.BlockDescriptor, out: memoryview) -> None:
+        """Copy the payload out, then check it (the copy cannot change under the check)."""
+        shm, start = self._locate(d)
+        out[:d.byte_length] = shm.buf[start:start + d.byte_length]
+        self._check_generation(shm, d)
+        if checksum(d.checksum_algorithm, out[:d.byte_length]) != d.checksum:
+            raise BlockError("checksum", "payload does not match")
+
+    @contextmanager
+    def view(self, d: pb.BlockDescriptor) -> Iterator[memoryview]:
+        """Zero-copy: a checked view of the payload in place, valid inside the `with` only.
+
+        The generation is checked again on exit: a writer that reused the slot while the
+        caller was reading makes the block fail (the caller must discard what it read).
+        """
+        shm, start = self._locate(d)
+        payload = shm.buf[start:start + d.byte_length]
+        try:
+            if checksum(d.checksum_algorithm, payload) != d.checksum:
+                self._check_generation(shm, d)
+                raise BlockError("checksum", "payload does not match")
+            yield payload
+            self._check_generation(shm, d)
+        finally:
+            payload.release()
+
+    def _locate(self, d: pb.BlockDescriptor) -> tuple[shared_memory.SharedMemory, int]:
         loc = d.locator.shm
         shm = self._attach(loc.segment)
-        magic, generation, capacity, _ = HEADER.unpack_from(shm.buf, 0)
+        magic, _, capacity, _ = HEADER.unpack_from(shm.buf, 0)
         if magic != MAGIC:
             raise BlockError("locator.shm.segment", "not a hetspec segment")
         if loc.offset + d.byte_length > min(capacity, shm.size - HEADER_BYTES):
             raise BlockError("locator.shm.offset", f"{loc.offset} + {d.byte_length} bytes overruns the segment")
-        if generation != loc.generation:
-            raise BlockError("locator.shm.generation", f"segment is at {generation}, block was {loc.generation}")
-        start = HEADER_BYTES + loc.offset
-        out[:d.byte_length] = shm.buf[start:start + d.byte_length]
-        if HEADER.unpack_from(shm.buf, 0)[1] != loc.generation:
-            raise BlockError("locator.shm.generation", "segment was rewritten while being read")
-        if checksum(d.checksum_algorithm, out[:d.byte_length]) != d.checksum:
-            raise BlockError("checksum", "payload does not match")
+        self._check_generation(shm, d)
+        return shm, HEADER_BYTES + loc.offset
+
+    @staticmethod
+    def _check_generation(shm: shared_memory.SharedMemory, d: pb.BlockDescriptor) -> None:
+        generation = HEADER.unpack_from(shm.buf, 0)[1]
+        if generation != d.locator.shm.generation:
+            raise BlockError("locator.shm.generation",
+                             f"segment is at {generation}, block was written at {d.locator.shm.generation}")
 
     def _attach(self, name: str) -> shared_memory.SharedMemory:
         if name in self._attached:

@@ -4,6 +4,7 @@ The server validates every chunk and descriptor before it copies a byte, reads s
 through a ShmReader, and answers INVALID_ARGUMENT naming the field for anything malformed.
 """
 
+import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 
@@ -15,12 +16,13 @@ from protocol.inline import DEFAULT_CHUNK_BYTES, Assembler, to_chunks
 from protocol.pb import blocks_pb2 as pb
 from protocol.pb import blocks_pb2_grpc
 from protocol.shm import ShmReader
-from protocol.validate import DEFAULT_LIMITS, Limits, checksum, validate_descriptor
+from protocol.validate import DEFAULT_LIMITS, Limits, validate_descriptor
 
 # A chunk message is its payload plus a descriptor of a few hundred bytes.
 MAX_MESSAGE_BYTES = DEFAULT_CHUNK_BYTES + (64 << 10)
 
-OnBlock = Callable[[pb.BlockDescriptor, bytearray], None]
+# Gets the validated descriptor and payload; the payload is only valid during the call.
+OnBlock = Callable[[pb.BlockDescriptor, memoryview], None]
 
 
 class BlockTransferServicer(blocks_pb2_grpc.BlockTransferServicer):
@@ -30,26 +32,44 @@ class BlockTransferServicer(blocks_pb2_grpc.BlockTransferServicer):
         self.limits = limits
         self.on_block = on_block
         self.shm = ShmReader()
+        self._scratch = threading.local()  # per worker thread: reused receive buffers
+
+    def _buffer(self, nbytes: int) -> memoryview:
+        buf = getattr(self._scratch, "buf", None)
+        if buf is None or len(buf) < nbytes:
+            buf = self._scratch.buf = bytearray(nbytes)
+        return memoryview(buf)[:nbytes]
 
     def Push(self, request_iterator: Iterator[pb.BlockChunk], context: grpc.ServicerContext) -> pb.PushReply:
         try:
-            d, payload = self._receive(request_iterator)
+            d = self._receive(request_iterator)
         except BlockError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        if self.on_block is not None:
-            self.on_block(d, payload)
-        return pb.PushReply(byte_length=len(payload), checksum=checksum(d.checksum_algorithm, payload))
+        # the payload's checksum was verified against the descriptor's on receipt
+        return pb.PushReply(byte_length=d.byte_length, checksum=d.checksum)
 
-    def _receive(self, chunks: Iterator[pb.BlockChunk]) -> tuple[pb.BlockDescriptor, bytearray]:
+    def _receive(self, chunks: Iterator[pb.BlockChunk]) -> pb.BlockDescriptor:
         first = next(chunks, None)
         if first is None:
             raise BlockError("chunk", "empty stream")
         if first.HasField("descriptor") and first.descriptor.locator.WhichOneof("where") == "shm":
-            validate_descriptor(first.descriptor, self.limits)
+            d = first.descriptor
+            validate_descriptor(d, self.limits)
             if first.data or next(chunks, None) is not None:
                 raise BlockError("chunk.data", "a shm block is one chunk without data")
-            return first.descriptor, self.shm.read(first.descriptor)
-        assembler = Assembler(self.limits)
+            with self.shm.view(d) as payload:  # zero-copy: checked in place
+                self._deliver(d, payload)
+            return d
+        d, payload = self._assemble(first, chunks)
+        self._deliver(d, payload)
+        return d
+
+    def _deliver(self, d: pb.BlockDescriptor, payload: memoryview) -> None:
+        if self.on_block is not None:
+            self.on_block(d, payload)
+
+    def _assemble(self, first: pb.BlockChunk, chunks: Iterator[pb.BlockChunk]) -> tuple[pb.BlockDescriptor, memoryview]:
+        assembler = Assembler(self.limits, self._buffer)
         done = assembler.add(first)
         for chunk in chunks:
             if done is not None:

@@ -147,3 +147,18 @@ def test_in_process_writer_closes_on_garbage_collection():
     assert set(names) <= set(shm.live_segments(os.getpid()))
     del writer
     assert not set(names) & set(shm.live_segments())
+
+
+def test_zero_copy_view_detects_a_rewrite_during_use():
+    writer, reader = shm.ShmWriter(num_slots=1), shm.ShmReader()
+    try:
+        enc = codec.encode(torch.arange(64, dtype=torch.float32), kind=pb.TENSOR_KIND_HIDDEN_STATE)
+        d = writer.write(enc)
+        with reader.view(d) as payload:
+            assert bytes(payload) == enc.payload.tobytes()
+        with pytest.raises(Exception, match="generation"):
+            with reader.view(d) as payload:
+                writer.write(enc)  # the writer reuses the slot while the reader looks at it
+    finally:
+        writer.close()
+        reader.close()
