@@ -51,3 +51,9 @@ def test_phase_stats_sum_per_step_and_keep_tracks_apart():
     assert stats["accept"]["num_steps"] == 2 and stats["accept"]["total_ms"] == 8.0
     assert stats["accept"]["per_step_ms"]["p50"] == pytest.approx(4.0)  # steps: 3 ms and 5 ms
     assert stats["draft"]["by_track_ms"] == {"cpu drafter": 4.0}
+
+
+def test_bound_with_measured_verify_cost():
+    # verify costing 1.5 target steps: the denominator becomes k c + 1.5
+    assert math.isclose(leviathan_bound(0.5, 2, 0.1, v=1.5), 1.75 / 1.7, rel_tol=1e-12)
+    assert leviathan_bound(0.7, 4, 0.1, v=1.5) < leviathan_bound(0.7, 4, 0.1)

@@ -61,7 +61,7 @@ def acceptance_by_position(run: dict, path: Path) -> Path:
 
 def speedup_vs_k(run: dict, path: Path) -> Path:
     """Measured speedups per k against the Leviathan bound from the default k's α and c."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     spec = [s["summary"]["speculation"] for s in run["sides"] if s["k"]]
     ks = [s["k"] for s in spec]
     summary = run["summary"]
@@ -69,13 +69,15 @@ def speedup_vs_k(run: dict, path: Path) -> Path:
     ax.plot(curve_k, [leviathan_bound(summary["alpha"], k, summary["c"]) for k in curve_k], color="grey",
             label=f"bound, α = {summary['alpha']:.2f}, c = {summary['c']:.3f} (k = {summary['default_k']})")
     ax.scatter(ks, [s["bound"] for s in spec], marker="x", color="grey", label="bound from each k's own α, c")
+    ax.scatter(ks, [s["bound_measured_verify"] for s in spec], marker="^", color="black",
+               label="same, with the measured verify cost v")
     ax.plot(ks, [s["speedup_decode"] for s in spec], "o-", label="measured, decode (TPOT ratio)")
     ax.plot(ks, [s["speedup"] for s in spec], "s--", label="measured, end to end (tokens/s ratio)")
     ax.axhline(1.0, color="black", linewidth=0.6)
     ax.set_xlabel("draft length k")
     ax.set_ylabel(f"speedup over {summary['baseline']}")
     ax.set_title("Speedup vs draft length")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _save(fig, path)
 
 

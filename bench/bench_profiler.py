@@ -1,0 +1,133 @@
+"""Overhead of leaving spans on: the same engines with spans on and off, side by side.
+
+Four sides share one target and one drafter: speculative (k) with spans on / off, and
+target-only with spans on / off. Each pair runs back to back on every prompt, in ABBA order
+(on, off, then off, on for the next prompt), so the machine's drift hits both alike. Prints
+tokens/s of both sides of each pair, the ratio, the median of the per-prompt ratios, and the
+cost of one span from a microbenchmark.
+
+Request-level pairs still see this shared machine's noise (a few % per request). So the same
+engine is also measured step by step, spans toggled on and off every other step within each
+request: tokens committed per second of "on" steps vs "off" steps, drift cancelled per step.
+
+    python bench/bench_profiler.py [--profile cpu] [--workload chat] [--prompts 12] [--tokens 64] [--k 4]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from orchestrator.config import SamplingParams  # noqa: E402
+from orchestrator.engine import Engine  # noqa: E402
+from orchestrator.profiler.cli import load_config  # noqa: E402
+from orchestrator.profiler.runner import Side, build_sides, encode, run_request, warm_up  # noqa: E402
+from orchestrator.profiler.spans import Tracer, Track  # noqa: E402
+from orchestrator.profiler.workloads import load_workload  # noqa: E402
+
+
+def span_cost_us(n: int = 200_000) -> float:
+    """Microseconds one enabled span costs on the CPU track (timer, record, flush)."""
+    tracer, track = Tracer(), Track("cpu", "host")
+    t0 = time.perf_counter()
+    for i in range(n):
+        with tracer.span("emit", track, i, 0):
+            pass
+        if i % 8 == 7:
+            tracer.flush()
+            tracer.spans.clear()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def twin(side: Side, name: str) -> Side:
+    """The same engine configuration (same target and drafter), spans off."""
+    e = side.engine
+    engine = Engine(e.target, e.tokenizer, e.drafter, num_speculative_tokens=side.k, max_num_seqs=1,
+                    eos_token_ids=tuple(e.eos_token_ids), adaptive_k=e.adaptive_k)
+    engine.tracer.enabled = False
+    return Side(name, side.k, engine)
+
+
+def tps(requests: list[dict]) -> float:
+    return sum(r["output_tokens"] for r in requests) / sum(r["wall_ms"] for r in requests) * 1e3
+
+
+def abba(pairs: list[tuple[Side, Side]], prompts: list[list[int]], params: SamplingParams) -> dict:
+    """Each pair back to back on every prompt, order flipping per prompt -> requests per side."""
+    results = {s.name: [] for pair in pairs for s in pair}
+    for i, ids in enumerate(prompts):
+        for pair in pairs:
+            for side in (pair if i % 2 == 0 else pair[::-1]):
+                results[side.name].append(run_request(side, ids, params, i))
+    return results
+
+
+def step_toggle(side: Side, prompts: list[list[int]], params: SamplingParams) -> tuple[float, float, int]:
+    """Spans on for every other step (phase flipping per prompt) -> (on tok/s, off tok/s, steps)."""
+    engine, tracer = side.engine, side.engine.tracer
+    time_s, tokens = [0.0, 0.0], [0, 0]
+    num_steps = 0
+    for i, ids in enumerate(prompts):
+        seq_id = engine.add_request(ids, params)
+        step = 0
+        while engine.has_work():
+            on = (step + i) % 2 == 0
+            tracer.enabled = on
+            t0 = time.perf_counter()
+            outputs = engine.step()
+            time_s[on] += time.perf_counter() - t0
+            tokens[on] += sum(len(o.token_ids) for o in outputs)
+            step += 1
+        engine.release(seq_id)
+        tracer.clear()
+        num_steps += step
+    tracer.enabled = True
+    return tokens[1] / time_s[1], tokens[0] / time_s[0], num_steps
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", default="cpu")
+    ap.add_argument("--workload", default="chat")
+    ap.add_argument("--prompts", type=int, default=12, help="cycles through the workload's prompts")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--k", type=int, default=4)
+    args = ap.parse_args()
+    name, config, _ = load_config(args.profile)
+    sides, tokenizer = build_sides(config, [args.k], progress=False)
+    base_on, spec_on = sides
+    base_on.name, spec_on.name = "target-only spans on", f"k={args.k} spans on"
+    pairs = [(spec_on, twin(spec_on, f"k={args.k} spans off")), (base_on, twin(base_on, "target-only spans off"))]
+    _, items = load_workload(args.workload)
+    prompts = [encode(tokenizer, items[i % len(items)]) for i in range(args.prompts)]
+    warm_up([s for pair in pairs for s in pair], prompts[0])
+    results = abba(pairs, prompts, SamplingParams(max_new_tokens=args.tokens, ignore_eos=True))
+    print(f"profile {name}, {len(prompts)} {args.workload} prompts x {args.tokens} tokens, pairs ABBA")
+    report = {"span_cost_us": span_cost_us()}
+    for on, off in pairs:
+        a, b = tps(results[on.name]), tps(results[off.name])
+        per_prompt = [y["wall_ms"] / x["wall_ms"] for x, y in zip(results[on.name], results[off.name])]
+        spans = sum(len(r["spans"]) for r in results[on.name])
+        tokens = sum(r["output_tokens"] for r in results[on.name])
+        print(f"{on.name:<22} {a:7.2f} tok/s | {off.name:<22} {b:7.2f} tok/s | ratio {a / b:.3f}, "
+              f"median per-prompt ratio {statistics.median(per_prompt):.3f} "
+              f"(range {min(per_prompt):.3f}-{max(per_prompt):.3f}; {spans / tokens:.1f} spans per token)")
+        report[on.name] = {"on_tps": a, "off_tps": b, "ratio": a / b, "per_prompt_ratios": per_prompt,
+                           "spans_per_token": spans / tokens}
+    for side in (pair[0] for pair in pairs):
+        on, off, n = step_toggle(side, prompts, SamplingParams(max_new_tokens=args.tokens, ignore_eos=True))
+        print(f"{side.name.replace(' spans on', ''):<22} step toggle over {n} steps: spans on {on:7.2f} tok/s | "
+              f"spans off {off:7.2f} tok/s | ratio {on / off:.3f}")
+        report[side.name]["step_toggle"] = {"on_tps": on, "off_tps": off, "ratio": on / off, "num_steps": n}
+    print(f"one span costs {report['span_cost_us']:.2f} us (microbenchmark, CPU track)")
+    out = Path(__file__).parent / "out"
+    out.mkdir(exist_ok=True)
+    (out / "profiler-overhead.json").write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
