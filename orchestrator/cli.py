@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", choices=DTYPES, default="float32", help="target dtype")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     _add_drafter_args(g)
+    g.add_argument("--kv-handoff", action="store_true", default=None,
+                   help="start the ONNX self-drafter from the target's prefill K/V instead of its own prefill")
     _add_provider_arg(g)
     g.add_argument("--profile", default=None, metavar="FILE|NAME",
                    help="placement profile giving the defaults (default: the shipped 'cpu'); flags override it")

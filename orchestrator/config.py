@@ -57,6 +57,9 @@ class DrafterConfig:
     dtype: str = "float32"  # torch drafter dtype
     max_kv_tokens: int | None = None  # torch drafter KV capacity; None = the target's
     address: str | None = None  # remote drafter host:port
+    # onnx self-drafter: start from the target's prefill K/V (sent as protocol blocks)
+    # instead of running its own prefill
+    kv_handoff: bool = False
 
 
 @dataclass(frozen=True)

@@ -75,3 +75,15 @@ def test_export_of_an_unsupported_architecture_is_one_line(gemma3):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     last = r.stderr.replace("\r", "\n").strip().splitlines()[-1]
     assert last.startswith("hetspec: error:") and "cannot export architecture" in last
+
+
+def test_kv_handoff_keeps_greedy_output_and_refuses_non_self_drafters():
+    prompt = "Summarize in one sentence: speculative decoding lets a small drafter propose tokens that a large target checks."
+    handed = hetspec("generate", prompt, "--kv-handoff", "--max-new-tokens", "24", "--json")
+    plain = hetspec("generate", prompt, "--no-spec", "--max-new-tokens", "24", "--json")
+    assert handed.returncode == 0 and plain.returncode == 0, handed.stderr + plain.stderr
+    out = json.loads(handed.stdout)
+    assert out["token_ids"] == json.loads(plain.stdout)["token_ids"]
+    assert out["stats"]["num_drafted"] > 0
+    bad = hetspec("generate", "hi", "--drafter", "ngram", "--kv-handoff")
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "kv_handoff needs an onnx drafter" in bad.stderr

@@ -30,7 +30,7 @@ def engine_config_from_args(args) -> EngineConfig:
     if args.adaptive_k:
         config = replace(config, adaptive_k=True)
     drafter = config.drafter
-    onnx_flags = {k: getattr(args, k) for k in ("precision", "block_size", "int8_lm_head")}
+    onnx_flags = {k: getattr(args, k, None) for k in ("precision", "block_size", "int8_lm_head", "kv_handoff")}
     drafter = replace(drafter, **{k: v for k, v in onnx_flags.items() if v is not None})
     if args.drafter_ep:
         drafter = replace(drafter, providers=tuple(args.drafter_ep), provider_options=())

@@ -84,6 +84,7 @@ class OnnxDrafterSpec(_DrafterBase):
     precision: Literal["int4", "int8", "fp32"] = "int4"
     block_size: Literal[16, 32, 64, 128, 256] = 32
     int8_lm_head: bool = True
+    kv_handoff: bool = False  # take the target's prefill K/V instead of a drafter prefill (self-drafters)
     provider_options: dict[str, Scalar] = {}  # passed to the provider as strings
 
     def describe(self) -> str:
@@ -102,7 +103,7 @@ class OnnxDrafterSpec(_DrafterBase):
         provider, options = ort_provider(self.device, self.provider_options)
         return DrafterConfig(kind="onnx", model=self.model, device=self.device, precision=self.precision,
                              block_size=self.block_size, int8_lm_head=self.int8_lm_head,
-                             providers=(provider.name,), provider_options=(options,) if options else ())
+                             kv_handoff=self.kv_handoff, providers=(provider.name,), provider_options=(options,) if options else ())
 
 
 class TorchDrafterSpec(_DrafterBase):
