@@ -8,6 +8,7 @@ the receiver asks for others.
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from protocol import quant
@@ -35,12 +36,14 @@ def byte_view(t: torch.Tensor) -> memoryview:
     return memoryview(t.numpy()).cast("B")
 
 
-def encode(tensor: torch.Tensor, *, kind: int, layout: int = pb.LAYOUT_CONTIGUOUS, model_id: str = "",
+def encode(tensor: "torch.Tensor | np.ndarray", *, kind: int, layout: int = pb.LAYOUT_CONTIGUOUS, model_id: str = "",
            layers: tuple[int, int] = (0, 0), heads: tuple[int, int] = (0, 0), sequence_id: int = 0,
            tokens: tuple[int, int] | None = None, block_size: int = 0, source_device: str = "cpu:0",
            quantize: tuple[int, int] | None = None,
            checksum_algorithm: int = pb.CHECKSUM_ALGORITHM_XXH3_64) -> Encoded:
-    """Describe a host tensor. `quantize=(scheme, group_size)` compresses it group-wise on the wire."""
+    """Describe a host tensor or numpy array. `quantize=(scheme, group_size)` compresses it group-wise on the wire."""
+    if isinstance(tensor, np.ndarray):
+        tensor = torch.from_numpy(tensor)  # shares the array's memory
     if tensor.device.type != "cpu":
         raise ValueError("encode takes host tensors; stage device tensors through protocol.staging first")
     if tokens is None:

@@ -1,5 +1,6 @@
 """Round trips through the block codec and every transport; layout, dtype and quantized forms."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -116,3 +117,11 @@ def test_impossible_layout_conversion_is_refused():
     d, payload = inline.from_block(inline.to_block(enc))
     with pytest.raises(BlockError, match="layout"):
         codec.decode(d, payload, layout=pb.LAYOUT_KV_SEQ)
+
+
+def test_numpy_arrays_encode_like_tensors():
+    a = np.arange(24, dtype=np.float16).reshape(4, 6)
+    enc = codec.encode(a, kind=pb.TENSOR_KIND_HIDDEN_STATE, layout=pb.LAYOUT_TOKENS_HIDDEN)
+    assert enc.descriptor.dtype == pb.DTYPE_FLOAT16
+    d, payload = inline.from_block(inline.to_block(enc))
+    assert np.array_equal(codec.decode(d, payload).numpy(), a)
