@@ -8,7 +8,8 @@ cost of one span from a microbenchmark.
 
 Request-level pairs still see this shared machine's noise (a few % per request). So the same
 engine is also measured step by step, spans toggled on and off every other step within each
-request: tokens committed per second of "on" steps vs "off" steps, drift cancelled per step.
+request: mean and median decode-step time of "on" steps vs "off" steps, drift cancelled per
+step (equal work per step, identical outputs, so the step-time ratio is the tokens/s ratio).
 
     python bench/bench_profiler.py [--profile cpu] [--workload chat] [--prompts 12] [--tokens 64] [--k 4]
 """
@@ -66,27 +67,30 @@ def abba(pairs: list[tuple[Side, Side]], prompts: list[list[int]], params: Sampl
     return results
 
 
-def step_toggle(side: Side, prompts: list[list[int]], params: SamplingParams) -> tuple[float, float, int]:
-    """Spans on for every other step (phase flipping per prompt) -> (on tok/s, off tok/s, steps)."""
+def step_toggle(side: Side, prompts: list[list[int]], params: SamplingParams) -> tuple[list[float], list[float]]:
+    """Spans on for every other decode step (phase flipping per prompt) -> (on, off) step times in ms.
+
+    Step time, not tokens per step: a step drafts k and verifies k + 1 whatever gets accepted,
+    while the tokens it commits vary with acceptance (that would swamp a 1% effect).
+    """
     engine, tracer = side.engine, side.engine.tracer
-    time_s, tokens = [0.0, 0.0], [0, 0]
-    num_steps = 0
+    times: tuple[list[float], list[float]] = ([], [])
     for i, ids in enumerate(prompts):
         seq_id = engine.add_request(ids, params)
+        tracer.enabled = True
+        engine.step()  # the prefill: a different kind of step, left out
         step = 0
         while engine.has_work():
             on = (step + i) % 2 == 0
             tracer.enabled = on
             t0 = time.perf_counter()
-            outputs = engine.step()
-            time_s[on] += time.perf_counter() - t0
-            tokens[on] += sum(len(o.token_ids) for o in outputs)
+            engine.step()
+            times[0 if on else 1].append((time.perf_counter() - t0) * 1e3)
             step += 1
         engine.release(seq_id)
+        tracer.enabled = True
         tracer.clear()
-        num_steps += step
-    tracer.enabled = True
-    return tokens[1] / time_s[1], tokens[0] / time_s[0], num_steps
+    return times
 
 
 def main():
@@ -119,10 +123,14 @@ def main():
         report[on.name] = {"on_tps": a, "off_tps": b, "ratio": a / b, "per_prompt_ratios": per_prompt,
                            "spans_per_token": spans / tokens}
     for side in (pair[0] for pair in pairs):
-        on, off, n = step_toggle(side, prompts, SamplingParams(max_new_tokens=args.tokens, ignore_eos=True))
-        print(f"{side.name.replace(' spans on', ''):<22} step toggle over {n} steps: spans on {on:7.2f} tok/s | "
-              f"spans off {off:7.2f} tok/s | ratio {on / off:.3f}")
-        report[side.name]["step_toggle"] = {"on_tps": on, "off_tps": off, "ratio": on / off, "num_steps": n}
+        on, off = step_toggle(side, prompts, SamplingParams(max_new_tokens=args.tokens, ignore_eos=True))
+        mean_on, mean_off = statistics.fmean(on), statistics.fmean(off)
+        med_on, med_off = statistics.median(on), statistics.median(off)
+        print(f"{side.name.replace(' spans on', ''):<22} step toggle, {len(on)} + {len(off)} decode steps: "
+              f"mean step spans on {mean_on:.2f} ms | off {mean_off:.2f} ms | tokens/s ratio {mean_off / mean_on:.3f}; "
+              f"median {med_on:.2f} | {med_off:.2f} ms, ratio {med_off / med_on:.3f}")
+        report[side.name]["step_toggle"] = {"on_ms": on, "off_ms": off, "mean_ratio": mean_off / mean_on,
+                                            "median_ratio": med_off / med_on}
     print(f"one span costs {report['span_cost_us']:.2f} us (microbenchmark, CPU track)")
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)
