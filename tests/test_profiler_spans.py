@@ -45,6 +45,14 @@ def test_disabled_tracer_records_nothing_and_listeners_see_spans():
     on.listeners.append(seen.append)
     on.add(Span("wire", CPU_HOST, 0, 1.0))
     assert [s.name for s in seen] == ["wire"]
+    batches = []
+    on.flush_listeners.append(batches.append)
+    for name in ("draft", "verify"):
+        with on.span(name, CPU_HOST, step=1):
+            pass
+    on.flush()
+    on.flush()  # nothing pending: no empty batch
+    assert [[s.name for s in batch] for batch in batches] == [["draft", "verify"]]
 
 
 def test_unknown_device_is_refused():

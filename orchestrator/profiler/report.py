@@ -97,6 +97,7 @@ _COMPARE = [  # (label, getter on a side summary, higher is better)
     ("α", lambda sm: (sm.get("acceptance") or {}).get("alpha")),
     ("mean accepted length", lambda sm: (sm.get("acceptance") or {}).get("mean_accepted_length")),
     ("efficiency", lambda sm: (sm.get("speculation") or {}).get("efficiency")),
+    ("efficiency at measured v", lambda sm: (sm.get("speculation") or {}).get("efficiency_measured_verify")),
 ]
 
 
