@@ -26,6 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from protocol import codec, shm, transfer  # noqa: E402
+from protocol.inline import DEFAULT_CHUNK_BYTES  # noqa: E402
 from protocol.pb import blocks_pb2 as pb  # noqa: E402
 from protocol.pb import blocks_pb2_grpc  # noqa: E402
 
@@ -40,7 +41,7 @@ RECEIVER = textwrap.dedent("""
 """)
 
 
-def transport_throughput(sizes_mib: list[int], reps: int) -> list[dict]:
+def transport_throughput(sizes_mib: list[int], reps: int, chunk_bytes: int) -> list[dict]:
     receiver = subprocess.Popen([sys.executable, "-c", RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 text=True, cwd=ROOT)
     port = int(receiver.stdout.readline())
@@ -50,7 +51,7 @@ def transport_throughput(sizes_mib: list[int], reps: int) -> list[dict]:
     try:
         for mib in sizes_mib:
             x = torch.randn(mib << 18)  # float32: mib MiB
-            rows.append(_one_size(stub, writer, x, mib, reps))
+            rows.append(_one_size(stub, writer, x, mib, reps, chunk_bytes))
             print(f"{mib:>5} MiB   inline gRPC {rows[-1]['inline_gbps']:6.2f} GB/s   "
                   f"shm {rows[-1]['shm_gbps']:6.2f} GB/s   shm/inline {rows[-1]['shm_gbps'] / rows[-1]['inline_gbps']:.2f}x",
                   flush=True)
@@ -61,7 +62,7 @@ def transport_throughput(sizes_mib: list[int], reps: int) -> list[dict]:
     return rows
 
 
-def _one_size(stub, writer, x: torch.Tensor, mib: int, reps: int) -> dict:
+def _one_size(stub, writer, x: torch.Tensor, mib: int, reps: int, chunk_bytes: int) -> dict:
     """Encode (checksum included) + send + receiver validation, per rep, sides alternating."""
     times = {"inline": [], "shm": []}
     for rep in range(reps + 1):  # rep 0 warms up both paths (segment creation, HTTP/2 windows)
@@ -69,7 +70,7 @@ def _one_size(stub, writer, x: torch.Tensor, mib: int, reps: int) -> dict:
             t0 = time.perf_counter()
             enc = codec.encode(x, kind=pb.TENSOR_KIND_HIDDEN_STATE)
             if side == "inline":
-                reply = transfer.push(stub, enc)
+                reply = transfer.push(stub, enc, chunk_bytes)
             else:
                 reply = transfer.push_descriptor(stub, writer.write(enc))
             elapsed = time.perf_counter() - t0
@@ -148,13 +149,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,4,16,64,256", help="block sizes in MiB")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--chunk-kib", type=int, default=DEFAULT_CHUNK_BYTES >> 10, help="inline chunk size")
     parser.add_argument("--prompt-tokens", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--skip-handoff", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
-    print("Transport throughput (sender encode + checksum -> receiver validate + checksum), median of reps")
-    out = {"transport": transport_throughput([int(s) for s in args.sizes.split(",")], args.reps)}
+    print(f"Transport throughput (sender encode + checksum -> receiver validate + checksum), median of "
+          f"{args.reps} reps, inline chunks of {args.chunk_kib} KiB")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    out = {"chunk_kib": args.chunk_kib, "transport": transport_throughput(sizes, args.reps, args.chunk_kib << 10)}
     if not args.skip_handoff:
         out["kv_handoff"] = kv_handoff(args.prompt_tokens, args.new_tokens, 3, 4)
     path = ROOT / "bench" / "out" / "protocol.json"

@@ -1,11 +1,8 @@
 """A drafter that runs an exported decoder (INT4/INT8 MatMulNBits) on a plain ONNX Runtime session.
 
 We drive the session step by step instead of using onnxruntime-genai's generator, because a
-drafter must truncate its KV cache to whatever the target accepted. Per sequence we keep the
-committed tokens and, separately, the tokens whose K/V are in the cache (`cached_ids`); the
-cache may run ahead of the committed tokens over the drafter's own drafts. Before drafting,
-the cache is cut back to the longest common prefix with the committed tokens (always leaving
-at least one committed token to run, since its logits give the first draft).
+drafter must truncate its KV cache to whatever the target accepted (the bookkeeping is in
+`cached.py`).
 
 The builder's GroupQueryAttention models declare `past_present_share_buffer`: then each
 layer's K/V live in one fixed-capacity buffer bound as both the past input and the present
@@ -16,16 +13,14 @@ concatenates past and new) keep numpy arrays that the model returns one step lon
 
 import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from orchestrator.drafters.base import DraftProposal, Drafter
+from orchestrator.drafters.cached import CachedDrafter, CachedSequence
 from orchestrator.errors import CheckpointError, HetspecError, InvalidRequestError
 from orchestrator.export import find_onnx_model
-from orchestrator.sampling import logits_to_probs, sample
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _PRESENT = re.compile(r"^present\.(\d+)\.(key|value)$")
@@ -33,14 +28,7 @@ _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
                "tensor(int64)": np.int64, "tensor(int32)": np.int32}
 
 
-@dataclass
-class _Sequence:
-    committed_ids: list[int]
-    kv: "_SharedKV | _ConcatKV"
-    cached_ids: list[int] = field(default_factory=list)  # tokens whose K/V are in `kv`
-
-
-class OnnxDrafter(Drafter):
+class OnnxDrafter(CachedDrafter):
     """Runs the ONNX decoder on the given ONNX Runtime execution providers, batch 1 per call."""
 
     name = "onnx"
@@ -52,17 +40,26 @@ class OnnxDrafter(Drafter):
         self.session = _open_session(self.model_path, providers, provider_options, num_threads)
         self._bind_io(_read_genai_config(self.model_path.parent))
         self._kv_device = _kv_device(providers, provider_options)
-        self._seqs: dict[int, _Sequence] = {}
+        super().__init__()
 
-    # --- the Drafter interface -------------------------------------------------------------
+    # --- the cache, for CachedDrafter ------------------------------------------------------
 
-    def start(self, seq_id: int, prompt_ids: list[int]) -> None:
-        if seq_id in self._seqs:
-            raise InvalidRequestError(f"sequence {seq_id} is already open in the drafter")
-        if not prompt_ids:
-            raise InvalidRequestError("the drafter needs a non-empty prompt")
-        kv = (_SharedKV(self, len(prompt_ids)) if self._share_buffer else _ConcatKV(self))
-        self._seqs[seq_id] = _Sequence(committed_ids=list(prompt_ids), kv=kv)
+    def _open(self, seq_id: int, prompt_ids: list[int]) -> "_SharedKV | _ConcatKV":
+        return _SharedKV(self, len(prompt_ids)) if self._share_buffer else _ConcatKV(self)
+
+    def _truncate(self, seq_id: int, seq: CachedSequence, length: int) -> None:
+        seq.cache.truncate(length)
+
+    def _run(self, seq_id: int, seq: CachedSequence, new_ids: list[int]) -> torch.Tensor:
+        past_len = len(seq.cached_ids)
+        feed = {self._input_ids: np.asarray([new_ids], dtype=self._ids_dtype)}  # [1, num_new]
+        if self._attention_mask:
+            feed[self._attention_mask] = np.ones((1, past_len + len(new_ids)), self._mask_dtype)
+        if self._position_ids:
+            positions = np.arange(past_len, past_len + len(new_ids))[None]  # [1, num_new]
+            feed[self._position_ids] = positions.astype(self._position_dtype)
+        logits = seq.cache.run(feed, past_len, len(new_ids))  # [1, num_new, vocab]
+        return torch.from_numpy(logits[0, -1]).float()
 
     def start_with_kv(self, seq_id: int, prompt_ids: list[int], kv: torch.Tensor) -> None:
         """Open a sequence whose first T prompt tokens' K/V are given (KV handoff): no prefill for them.
@@ -75,91 +72,12 @@ class OnnxDrafter(Drafter):
                                       f"with at most {len(prompt_ids)} tokens")
         self.start(seq_id, prompt_ids)
         seq = self._seqs[seq_id]
-        seq.kv.write_prefix(kv.to(torch.float32).numpy().astype(self._kv_dtype, copy=False))
+        seq.cache.write_prefix(kv.to(torch.float32).numpy().astype(self._kv_dtype, copy=False))
         seq.cached_ids = list(prompt_ids[:kv.shape[3]])
-
-    def propose(self, seq_id: int, k: int, temperature: float = 0.0, top_k: int = 0,
-                top_p: float = 1.0, generator: torch.Generator | None = None) -> DraftProposal:
-        seq = self._seq(seq_id)
-        if not seq.committed_ids:
-            raise InvalidRequestError(f"sequence {seq_id} has no committed tokens to draft from")
-        k = max(0, min(k, self.max_length - len(seq.committed_ids)))
-        if k == 0:
-            return DraftProposal(draft_ids=[])
-        self._sync_cache(seq)
-        logits = self._advance(seq, seq.committed_ids[len(seq.cached_ids):])  # [vocab]
-        draft_ids, draft_probs = [], []
-        for i in range(k):
-            if temperature > 0:
-                probs = logits_to_probs(torch.from_numpy(logits), temperature, top_k, top_p)  # [vocab]
-                draft_probs.append(probs)
-                draft_ids.append(int(sample(probs, generator)))
-            else:
-                draft_ids.append(int(np.argmax(logits)))
-            if i < k - 1:  # the last draft's K/V is only needed if it is accepted
-                logits = self._advance(seq, draft_ids[-1:])
-        probs = torch.stack(draft_probs) if draft_probs else None  # [k, vocab]
-        return DraftProposal(draft_ids=draft_ids, draft_probs=probs)
-
-    def extend(self, seq_id: int, token_ids: list[int]) -> None:
-        seq = self._seq(seq_id)
-        seq.committed_ids.extend(int(t) for t in token_ids)
-        self._sync_cache(seq)
-
-    def rollback(self, seq_id: int, n: int) -> None:
-        seq = self._seq(seq_id)
-        if not 0 <= n <= len(seq.committed_ids):
-            raise InvalidRequestError(
-                f"cannot roll back {n} of {len(seq.committed_ids)} committed tokens of sequence {seq_id}")
-        del seq.committed_ids[len(seq.committed_ids) - n:]
-        self._sync_cache(seq)
-
-    def finish(self, seq_id: int) -> None:
-        self._seqs.pop(seq_id, None)
 
     def close(self) -> None:
         self._seqs.clear()
         self.session = None
-
-    # --- introspection used by tests and the engine ----------------------------------------
-
-    def committed_ids(self, seq_id: int) -> list[int]:
-        return list(self._seq(seq_id).committed_ids)
-
-    def cached_length(self, seq_id: int) -> int:
-        return len(self._seq(seq_id).cached_ids)
-
-    # --- internals -----------------------------------------------------------------------------
-
-    def _seq(self, seq_id: int) -> _Sequence:
-        try:
-            return self._seqs[seq_id]
-        except KeyError:
-            raise InvalidRequestError(f"sequence {seq_id} is not open in the drafter") from None
-
-    def _sync_cache(self, seq: _Sequence) -> None:
-        """Cut the cache to its common prefix with the committed tokens, leaving >= 1 to run."""
-        keep = 0
-        limit = min(len(seq.cached_ids), len(seq.committed_ids) - 1)
-        while keep < limit and seq.cached_ids[keep] == seq.committed_ids[keep]:
-            keep += 1
-        if keep < len(seq.cached_ids):
-            del seq.cached_ids[keep:]
-            seq.kv.truncate(keep)
-
-    def _advance(self, seq: _Sequence, new_ids: list[int]) -> np.ndarray:
-        """Run `new_ids` (one chunk) on top of the cache; return logits at the last one."""
-        # new_ids: [num_new] (>= 1); returns [vocab]
-        past_len = len(seq.cached_ids)
-        feed = {self._input_ids: np.asarray([new_ids], dtype=self._ids_dtype)}  # [1, num_new]
-        if self._attention_mask:
-            feed[self._attention_mask] = np.ones((1, past_len + len(new_ids)), self._mask_dtype)
-        if self._position_ids:
-            positions = np.arange(past_len, past_len + len(new_ids))[None]  # [1, num_new]
-            feed[self._position_ids] = positions.astype(self._position_dtype)
-        logits = seq.kv.run(feed, past_len, len(new_ids))  # [1, num_new, vocab]
-        seq.cached_ids.extend(new_ids)
-        return logits[0, -1]
 
     def _bind_io(self, genai: dict) -> None:
         """Map the session's inputs and outputs by name; check they form a KV-cache decoder."""

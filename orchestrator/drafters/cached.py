@@ -1,0 +1,130 @@
+"""Bookkeeping shared by model drafters: committed tokens vs the tokens whose K/V are cached.
+
+Per sequence we keep the committed tokens and, separately, the tokens whose K/V the model's
+cache holds (`cached_ids`); the cache may run ahead of the committed tokens over the
+drafter's own drafts. Before drafting, the cache is cut back to its longest common prefix
+with the committed tokens, always leaving at least one committed token to run, since its
+logits give the first draft.
+"""
+
+from abc import abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+from orchestrator.drafters.base import DraftProposal, Drafter
+from orchestrator.errors import InvalidRequestError
+from orchestrator.sampling import logits_to_probs, sample
+
+
+@dataclass
+class CachedSequence:
+    committed_ids: list[int]
+    cache: object = None  # the backend's per-sequence cache state
+    cached_ids: list[int] = field(default_factory=list)  # tokens whose K/V are in the cache
+
+
+class CachedDrafter(Drafter):
+    """A drafter over a model with a KV cache; subclasses run the model and trim its cache."""
+
+    max_length: int = 1 << 31
+
+    def __init__(self):
+        self._seqs: dict[int, CachedSequence] = {}
+
+    @abstractmethod
+    def _open(self, seq_id: int, prompt_ids: list[int]) -> object:
+        """A new cache for the sequence (returned as CachedSequence.cache)."""
+
+    @abstractmethod
+    def _run(self, seq_id: int, seq: CachedSequence, new_ids: list[int]) -> torch.Tensor:
+        """Run `new_ids` (>= 1) on top of the cache; float32 logits at the last one, [vocab]."""
+
+    @abstractmethod
+    def _truncate(self, seq_id: int, seq: CachedSequence, length: int) -> None:
+        """Keep the cache's first `length` positions."""
+
+    def _close(self, seq_id: int, seq: CachedSequence) -> None:
+        """Release the sequence's cache."""
+
+    # --- the Drafter interface -------------------------------------------------------------
+
+    def start(self, seq_id: int, prompt_ids: list[int]) -> None:
+        if seq_id in self._seqs:
+            raise InvalidRequestError(f"sequence {seq_id} is already open in the drafter")
+        if not prompt_ids:
+            raise InvalidRequestError("the drafter needs a non-empty prompt")
+        self._seqs[seq_id] = CachedSequence(committed_ids=list(prompt_ids))
+        self._seqs[seq_id].cache = self._open(seq_id, prompt_ids)
+
+    def propose(self, seq_id: int, k: int, temperature: float = 0.0, top_k: int = 0,
+                top_p: float = 1.0, generator: torch.Generator | None = None) -> DraftProposal:
+        seq = self._seq(seq_id)
+        if not seq.committed_ids:
+            raise InvalidRequestError(f"sequence {seq_id} has no committed tokens to draft from")
+        k = max(0, min(k, self.max_length - len(seq.committed_ids)))
+        if k == 0:
+            return DraftProposal(draft_ids=[])
+        self._sync_cache(seq_id, seq)
+        logits = self._advance(seq_id, seq, seq.committed_ids[len(seq.cached_ids):])  # [vocab]
+        draft_ids, draft_probs = [], []
+        for i in range(k):
+            if temperature > 0:
+                probs = logits_to_probs(logits, temperature, top_k, top_p)  # [vocab]
+                draft_probs.append(probs)
+                draft_ids.append(int(sample(probs, generator)))
+            else:
+                draft_ids.append(int(torch.argmax(logits)))
+            if i < k - 1:  # the last draft's K/V is only needed if it is accepted
+                logits = self._advance(seq_id, seq, draft_ids[-1:])
+        probs = torch.stack(draft_probs) if draft_probs else None  # [k, vocab]
+        return DraftProposal(draft_ids=draft_ids, draft_probs=probs)
+
+    def extend(self, seq_id: int, token_ids: list[int]) -> None:
+        seq = self._seq(seq_id)
+        seq.committed_ids.extend(int(t) for t in token_ids)
+        self._sync_cache(seq_id, seq)
+
+    def rollback(self, seq_id: int, n: int) -> None:
+        seq = self._seq(seq_id)
+        if not 0 <= n <= len(seq.committed_ids):
+            raise InvalidRequestError(
+                f"cannot roll back {n} of {len(seq.committed_ids)} committed tokens of sequence {seq_id}")
+        del seq.committed_ids[len(seq.committed_ids) - n:]
+        self._sync_cache(seq_id, seq)
+
+    def finish(self, seq_id: int) -> None:
+        seq = self._seqs.pop(seq_id, None)
+        if seq is not None:
+            self._close(seq_id, seq)
+
+    # --- introspection used by tests and the engine ----------------------------------------
+
+    def committed_ids(self, seq_id: int) -> list[int]:
+        return list(self._seq(seq_id).committed_ids)
+
+    def cached_length(self, seq_id: int) -> int:
+        return len(self._seq(seq_id).cached_ids)
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _seq(self, seq_id: int) -> CachedSequence:
+        try:
+            return self._seqs[seq_id]
+        except KeyError:
+            raise InvalidRequestError(f"sequence {seq_id} is not open in the drafter") from None
+
+    def _sync_cache(self, seq_id: int, seq: CachedSequence) -> None:
+        """Cut the cache to its common prefix with the committed tokens, leaving >= 1 to run."""
+        keep = 0
+        limit = min(len(seq.cached_ids), len(seq.committed_ids) - 1)
+        while keep < limit and seq.cached_ids[keep] == seq.committed_ids[keep]:
+            keep += 1
+        if keep < len(seq.cached_ids):
+            del seq.cached_ids[keep:]
+            self._truncate(seq_id, seq, keep)
+
+    def _advance(self, seq_id: int, seq: CachedSequence, new_ids: list[int]) -> torch.Tensor:
+        logits = self._run(seq_id, seq, new_ids)
+        seq.cached_ids.extend(new_ids)
+        return logits
