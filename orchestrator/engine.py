@@ -141,7 +141,8 @@ class Engine:
         results = [self._accept(seq, drafts[seq.seq_id], out.logits) for seq, out in zip(seqs, outputs)]
         if self.target.device.type != "cpu":  # the committed ids go to the host: time that copy
             with self.tracer.span("d2h", self._target_track, self.num_steps, nbytes=_nbytes(results)):
-                results = [replace(r, output_ids=r.output_ids.cpu(), num_accepted=r.num_accepted.cpu()) for r in results]
+                results = [replace(r, output_ids=r.output_ids.cpu(), num_accepted=r.num_accepted.cpu())
+                           for r in results]
         elapsed = time.perf_counter() - t0
         for seq in seqs:
             if seq.prefilled:

@@ -61,10 +61,11 @@ def _headline(run: dict) -> list[str]:
     transfer = ", ".join(spec["transfer_phases"]) or "none occurred in this run"
     return [
         f"**k = {s['default_k']}: decode speedup {s['speedup_decode']:.2f}× (end to end {s['speedup']:.2f}×), "
-        f"Leviathan bound {s['bound']:.2f}×, efficiency {s['efficiency']:.2f} (goal ≥ {s['efficiency_goal']}: {met}).**",
+        f"Leviathan bound {s['bound']:.2f}×, efficiency {s['efficiency']:.2f} "
+        f"(goal ≥ {s['efficiency_goal']}: {met}).**",
         "",
-        f"Bound = (1 − α^(k+1)) / ((1 − α)(k·c + 1)) with α = {s['alpha']:.3f} (accepted ÷ (accepted + rejected) "
-        f"draft tokens) and c = {s['c']:.3f} = (draft {spec['draft_ms_per_token']:.2f} ms + transfer "
+        f"Bound = (1 − α^(k+1)) / ((1 − α)(k·c + 1)) with α = {s['alpha']:.3f} "
+        f"(accepted ÷ (accepted + rejected) draft tokens) and c = {s['c']:.3f} = (draft {spec['draft_ms_per_token']:.2f} ms + transfer "
         f"{spec['transfer_ms_per_token']:.2f} ms per draft token) ÷ target step {spec['target_step_ms']:.2f} ms "
         f"(baseline TPOT). Transfer phases: {transfer}.",
         "",
