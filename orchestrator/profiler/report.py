@@ -66,8 +66,8 @@ def _headline(run: dict) -> list[str]:
         "",
         f"Bound = (1 − α^(k+1)) / ((1 − α)(k·c + 1)) with α = {s['alpha']:.3f} "
         f"(accepted ÷ (accepted + rejected) draft tokens) and c = {s['c']:.3f} = "
-        f"(draft {spec['draft_ms_per_token']:.2f} ms + transfer {spec['transfer_ms_per_token']:.2f} ms per draft token) ÷ target step {spec['target_step_ms']:.2f} ms "
-        f"(baseline TPOT). Transfer phases: {transfer}.",
+        f"(draft {spec['draft_ms_per_token']:.2f} ms + transfer {spec['transfer_ms_per_token']:.2f} ms per draft token)"
+        f" ÷ target step {spec['target_step_ms']:.2f} ms (baseline TPOT). Transfer phases: {transfer}.",
         "",
         f"The bound assumes verifying k + 1 positions costs one target step. Measured here, a verify step costs "
         f"v = {s['verify_cost']:.2f} target steps; with that cost in the denominator (k·c + v) the bound is "
