@@ -26,7 +26,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from protocol import codec, shm, transfer  # noqa: E402
-from protocol.inline import DEFAULT_CHUNK_BYTES  # noqa: E402
 from protocol.pb import blocks_pb2 as pb  # noqa: E402
 from protocol.pb import blocks_pb2_grpc  # noqa: E402
 
@@ -41,7 +40,7 @@ RECEIVER = textwrap.dedent("""
 """)
 
 
-def transport_throughput(sizes_mib: list[int], reps: int, chunk_bytes: int) -> list[dict]:
+def transport_throughput(sizes_mib: list[int], reps: int, chunk_bytes: int | None) -> list[dict]:
     receiver = subprocess.Popen([sys.executable, "-c", RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 text=True, cwd=ROOT)
     port = int(receiver.stdout.readline())
@@ -62,7 +61,7 @@ def transport_throughput(sizes_mib: list[int], reps: int, chunk_bytes: int) -> l
     return rows
 
 
-def _one_size(stub, writer, x: torch.Tensor, mib: int, reps: int, chunk_bytes: int) -> dict:
+def _one_size(stub, writer, x: torch.Tensor, mib: int, reps: int, chunk_bytes: int | None) -> dict:
     """Encode (checksum included) + send + receiver validation, per rep, sides alternating."""
     times = {"inline": [], "shm": []}
     for rep in range(reps + 1):  # rep 0 warms up both paths (segment creation, HTTP/2 windows)
@@ -149,16 +148,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,4,16,64,256", help="block sizes in MiB")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--chunk-kib", type=int, default=DEFAULT_CHUNK_BYTES >> 10, help="inline chunk size")
+    parser.add_argument("--chunk-kib", type=int, default=0, help="inline chunk size (default: ~8 chunks, 256 KiB-2 MiB)")
     parser.add_argument("--prompt-tokens", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--skip-handoff", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"Transport throughput (sender encode + checksum -> receiver validate + checksum), median of "
-          f"{args.reps} reps, inline chunks of {args.chunk_kib} KiB")
+          f"{args.reps} reps, inline chunks of {args.chunk_kib or 'size/8 in [256, 2048]'} KiB")
     sizes = [int(s) for s in args.sizes.split(",")]
-    out = {"chunk_kib": args.chunk_kib, "transport": transport_throughput(sizes, args.reps, args.chunk_kib << 10)}
+    out = {"chunk_kib": args.chunk_kib, "transport": transport_throughput(sizes, args.reps, (args.chunk_kib << 10) or None)}
     if not args.skip_handoff:
         out["kv_handoff"] = kv_handoff(args.prompt_tokens, args.new_tokens, 3, 4)
     path = ROOT / "bench" / "out" / "protocol.json"

@@ -8,7 +8,14 @@ from protocol.errors import BlockError
 from protocol.pb import blocks_pb2 as pb
 from protocol.validate import DEFAULT_LIMITS, Limits, validate_descriptor, validate_payload
 
-DEFAULT_CHUNK_BYTES = 2 << 20  # well under gRPC's 4 MiB default message limit
+MAX_CHUNK_BYTES = 2 << 20  # well under gRPC's 4 MiB default message limit
+MIN_CHUNK_BYTES = 256 << 10
+
+
+def chunk_size(nbytes: int) -> int:
+    """About 8 chunks per block within [256 KiB, 2 MiB]: enough in flight for sender and
+    receiver to overlap on small blocks, few Python objects per byte on large ones."""
+    return min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, nbytes // 8))
 
 _transfer_ids = itertools.count(1)
 
@@ -39,9 +46,10 @@ def from_block(block: pb.Block, limits: Limits = DEFAULT_LIMITS) -> tuple[pb.Blo
     return d, block.data
 
 
-def to_chunks(enc: Encoded, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[pb.BlockChunk]:
-    """Split a block into BlockChunk messages of at most `chunk_bytes` payload each."""
+def to_chunks(enc: Encoded, chunk_bytes: int | None = None) -> Iterator[pb.BlockChunk]:
+    """Split a block into BlockChunk messages of at most `chunk_bytes` payload each (default: chunk_size)."""
     n = enc.payload.nbytes
+    chunk_bytes = chunk_bytes or chunk_size(n)
     num_chunks = max(1, -(-n // chunk_bytes))
     d = pb.BlockDescriptor()
     d.CopyFrom(enc.descriptor)

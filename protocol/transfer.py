@@ -12,14 +12,14 @@ import grpc
 
 from protocol.codec import Encoded
 from protocol.errors import BlockError
-from protocol.inline import DEFAULT_CHUNK_BYTES, Assembler, to_chunks
+from protocol.inline import MAX_CHUNK_BYTES, Assembler, to_chunks
 from protocol.pb import blocks_pb2 as pb
 from protocol.pb import blocks_pb2_grpc
 from protocol.shm import ShmReader
 from protocol.validate import DEFAULT_LIMITS, Limits, validate_descriptor
 
 # A chunk message is its payload plus a descriptor of a few hundred bytes.
-MAX_MESSAGE_BYTES = DEFAULT_CHUNK_BYTES + (64 << 10)
+MAX_MESSAGE_BYTES = MAX_CHUNK_BYTES + (64 << 10)
 
 # Gets the validated descriptor and payload; the payload is only valid during the call.
 OnBlock = Callable[[pb.BlockDescriptor, memoryview], None]
@@ -99,7 +99,7 @@ def channel(target: str) -> grpc.Channel:
                                                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
 
 
-def push(stub: blocks_pb2_grpc.BlockTransferStub, enc: Encoded, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+def push(stub: blocks_pb2_grpc.BlockTransferStub, enc: Encoded, chunk_bytes: int | None = None,
          timeout: float | None = 60.0) -> pb.PushReply:
     """Send one block inline, chunked."""
     return stub.Push(to_chunks(enc, chunk_bytes), timeout=timeout)

@@ -23,7 +23,7 @@ def server():
 
 
 def _kv_block() -> codec.Encoded:
-    kv = torch.randn(2, 2, 80, 16, 3, 64)  # [L, 2, blocks, block_size, H, D]: 3.75 MiB, two chunks
+    kv = torch.randn(2, 2, 80, 16, 3, 64)  # [L, 2, blocks, block_size, H, D]: 3.75 MiB, 8 chunks
     return codec.encode(kv, kind=pb.TENSOR_KIND_KV, layout=pb.LAYOUT_KV_POOL, layers=(0, 2), heads=(0, 3),
                         tokens=(0, 1279), block_size=16, model_id="smollm2")
 
@@ -35,7 +35,7 @@ def test_inline_chunked_push_arrives_intact(server):
     d, payload = received[-1]
     assert reply.byte_length == enc.payload.nbytes and payload == enc.payload.tobytes()
     assert reply.checksum == enc.descriptor.checksum
-    assert d.locator.inline.num_chunks == 2
+    assert d.locator.inline.num_chunks == 8
 
 
 def test_shm_descriptor_push_arrives_intact(server):
@@ -60,7 +60,7 @@ def test_malformed_pushes_get_invalid_argument_naming_the_field(server):
         "protocol_version": [bad_version] + chunks[1:],
         "chunk.index": chunks[:1],
         "checksum": [chunks[0], pb.BlockChunk(transfer_id=chunks[1].transfer_id, index=1,
-                                              data=bytes(len(chunks[1].data)))],
+                                              data=bytes(len(chunks[1].data)))] + chunks[2:],
     }
     for field, stream in cases.items():
         with pytest.raises(grpc.RpcError) as e:
