@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`hetspec generate ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141
     except Exception as e:  # a bug: still one line for the user, the traceback on request
         if os.environ.get("HETSPEC_DEBUG"):
             raise

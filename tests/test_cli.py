@@ -87,3 +87,11 @@ def test_kv_handoff_keeps_greedy_output_and_refuses_non_self_drafters():
     assert out["stats"]["num_drafted"] > 0
     bad = hetspec("generate", "hi", "--drafter", "ngram", "--kv-handoff")
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "kv_handoff needs an onnx drafter" in bad.stderr
+
+
+def test_closed_stdout_is_not_an_internal_error():
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "devices"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # like `hetspec devices | head -c 0`
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and "internal error" not in stderr and "Traceback" not in stderr
