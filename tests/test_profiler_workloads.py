@@ -66,3 +66,15 @@ def test_profiles_give_the_engine_config_and_profiling_defaults():
     assert name == "cpu" and config.drafter.kind == "onnx" and config.num_speculative_tokens == 4
     assert defaults.workload == "chat" and 0 not in defaults.k_sweep and defaults.max_new_tokens > 0
     assert load_config("cpu-ngram")[1].drafter.kind == "ngram"
+
+
+def test_profile_profiling_section_sets_the_run_defaults(tmp_path):
+    from orchestrator.profiler.cli import load_config
+
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nname: p\ntarget: {model: smollm2-135m, device: cpu}\n"
+                    "drafters: {d: {kind: ngram}}\nspeculation: {drafter: d}\n"
+                    "profiling: {workload: code, k_sweep: [0, 3], warmup: 0, num_prompts: 2}\n")
+    name, config, defaults = load_config(str(path))
+    assert (name, defaults.workload, defaults.k_sweep, defaults.warmup, defaults.num_prompts) == ("p", "code", (3,), 0, 2)
+    assert config.drafter.kind == "ngram"

@@ -45,7 +45,7 @@ def test_cpu_profile_is_todays_defaults():
 
 def test_a_file_path_loads_and_sections_have_defaults(tmp_path):
     profile = load_profile(write(tmp_path, base()))
-    assert profile.profiling.k_sweep == [1, 2, 4, 8] and profile.profiling.baseline is True
+    assert profile.profiling.k_sweep == [1, 2, 4, 8] and profile.profiling.warmup == 1
     assert profile.transport.kind == "inline" and profile.server.port == 50051
     config = profile.engine_config()
     assert config.drafter.kind == "ngram" and config.num_speculative_tokens == 4
@@ -109,6 +109,8 @@ BAD = [  # (profile text or dict, what the one-line message must contain)
     (base(profiling={"k_sweep": []}), "profiling.k_sweep:"),
     (base(profiling={"k_sweep": [4, 99]}), "profiling.k_sweep.1:"),
     (base(profiling={"output_dir": 5}), "profiling.output_dir: Input should be a valid string"),
+    (base(profiling={"warmup": -1}), "profiling.warmup: Input should be greater"),
+    (base(profiling={"baseline": False}), "profiling: unknown key 'baseline'"),
 ]
 
 

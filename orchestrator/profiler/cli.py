@@ -18,6 +18,7 @@ class _Defaults:
     num_prompts: int = 5
     output_dir: str = "hetspec-profile"
     trace: bool = True
+    warmup: int = 1  # short requests per side before measuring
 
 
 def add_parsers(psub) -> None:
@@ -60,7 +61,7 @@ def load_config(ref: str):
     spec, defaults = profile.profiling, _Defaults()
     if spec is not None:  # k = 0 in a profile's sweep means the baseline, which always runs
         defaults = _Defaults(spec.workload, tuple(k for k in spec.k_sweep if k > 0) or defaults.k_sweep,
-                             spec.max_new_tokens, spec.num_prompts, spec.output_dir, spec.trace)
+                             spec.max_new_tokens, spec.num_prompts, spec.output_dir, spec.trace, spec.warmup)
     return profile.name, profile.engine_config(), defaults
 
 
@@ -82,7 +83,7 @@ def _run(args: argparse.Namespace) -> int:
     config = replace(config, num_speculative_tokens=max(ks))
     out = Path(args.out or defaults.output_dir)
     run = run_profile(config, name, (wl_name, prompts), ks, max_new, ignore_eos=not args.stop_at_eos,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, warmup=defaults.warmup)
     paths = write_outputs(run, out, default_k, trace=defaults.trace)
     s = run["summary"]
     print(f"k={s['default_k']}: decode speedup {s['speedup_decode']:.2f}x (end to end {s['speedup']:.2f}x), "

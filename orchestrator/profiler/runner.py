@@ -103,22 +103,24 @@ def interleave(sides: list[Side], prompts: list[list[int]], params: list[Samplin
     return results
 
 
-def warm_up(sides: list[Side], prompt_ids: list[int]) -> None:
-    """A short request per side first, so one-time costs (allocations, caches) stay out of the run."""
+def warm_up(sides: list[Side], prompt_ids: list[int], num_requests: int = 1) -> None:
+    """Short requests per side first, so one-time costs (allocations, caches) stay out of the run."""
     for side in sides:
-        side.engine.generate(prompt_ids, SamplingParams(max_new_tokens=8, ignore_eos=True))
+        for _ in range(num_requests):
+            side.engine.generate(prompt_ids, SamplingParams(max_new_tokens=8, ignore_eos=True))
         side.engine.tracer.clear()
 
 
 def run_profile(config: EngineConfig, profile_name: str, workload: tuple[str, list[WorkloadPrompt]],
-                ks: list[int], max_new_tokens: int, ignore_eos: bool = True, progress: bool = True) -> dict:
+                ks: list[int], max_new_tokens: int, ignore_eos: bool = True, progress: bool = True,
+                warmup: int = 1) -> dict:
     """The whole run -> the raw part of run.json (summaries are added by `summary.summarize`)."""
     name, items = workload
     sides, tokenizer = build_sides(config, ks, progress)
     prompts = [encode(tokenizer, item) for item in items]
     params = [SamplingParams(max_new_tokens=item.max_new_tokens or max_new_tokens, ignore_eos=ignore_eos)
               for item in items]
-    warm_up(sides, prompts[0])
+    warm_up(sides, prompts[0], warmup)
     t0 = time.perf_counter_ns()
     results = interleave(sides, prompts, params, progress)
     return {
