@@ -78,14 +78,14 @@ def build_engine(config: EngineConfig, progress: bool = True) -> tuple[Engine, C
                           block_size=config.kv_block_size, max_kv_tokens=config.max_kv_tokens)
     drafter = build_drafter(config, ckpt, progress=progress)
     if drafter is not None and config.drafter.kv_handoff:
-        drafter = _with_kv_handoff(drafter, config.drafter, target)
+        drafter = with_kv_handoff(drafter, config.drafter, target)
     engine = Engine(target, tokenizer, drafter, num_speculative_tokens=config.num_speculative_tokens,
                     max_num_seqs=config.max_num_seqs, eos_token_ids=eos_token_ids(ckpt, tokenizer),
                     adaptive_k=config.adaptive_k)
     return engine, ckpt
 
 
-def _with_kv_handoff(drafter: Drafter, d: DrafterConfig, target: TargetRunner) -> Drafter:
+def with_kv_handoff(drafter: Drafter, d: DrafterConfig, target: TargetRunner) -> Drafter:
     """Wrap a self-drafter so it starts from the target's prefill K/V (same model, same geometry)."""
     from orchestrator.drafters.handoff import KvHandoffDrafter
     from orchestrator.drafters.onnx_drafter import OnnxDrafter

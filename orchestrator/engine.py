@@ -178,18 +178,20 @@ class Engine:
             if span is not None and seq.prefilled:  # a verify step (not the prefill): its counts
                 span.args.update(num_draft=len(draft.draft_ids), num_accepted=num_accepted)
             self._record(seq, draft, num_accepted, len(new_ids))
+        first = not seq.prefilled
         # K/V is kept for every committed token but the newest, which is fed next step.
         with tracer.span("rollback", self._target_track, step, seq.seq_id):
             self.target.rollback(seq.seq_id, seq.num_tokens + num_accepted)
+        if first and self.drafter is not None and seq.k:
+            # outside any span: a drafter that moves the prompt's K/V records its own transfer spans
+            self.drafter.tracer = tracer
+            self.drafter.start(seq.seq_id, seq.prompt_ids)
         with tracer.span("emit", self._host, step, seq.seq_id):
             return self._emit(seq, new_ids)
 
     def _record(self, seq: Sequence, draft: DraftProposal, num_accepted: int, num_committed: int) -> None:
-        first = not seq.prefilled
-        if first:
+        if not seq.prefilled:
             seq.first_token_s = time.perf_counter()
-            if self.drafter is not None and seq.k:
-                self.drafter.start(seq.seq_id, seq.prompt_ids)
         else:
             seq.stats.record(len(draft.draft_ids), num_accepted, num_committed)
             if self.adaptive_k and draft.draft_ids:

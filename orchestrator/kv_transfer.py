@@ -33,15 +33,23 @@ class HostKv:
 
 def export_kv(target: TargetRunner, seq_id: int, staging: StagingPool) -> HostKv:
     """Copy the sequence's K/V blocks to host memory and describe them (the pool keeps its copy)."""
-    blocks = target.pool.read_blocks(seq_id)  # [L, 2, num_blocks, block_size, H, D]
-    staged = staging.to_host(blocks)
-    host = staged.wait()
+    staged = stage_kv(target, seq_id, staging)
+    return HostKv(describe_kv(target, seq_id, staged.wait()), staged)
+
+
+def stage_kv(target: TargetRunner, seq_id: int, staging: StagingPool) -> Staged:
+    """Start the device -> host copy of the sequence's blocks [L, 2, num_blocks, block_size, H, D]."""
+    return staging.to_host(target.pool.read_blocks(seq_id))
+
+
+def describe_kv(target: TargetRunner, seq_id: int, host: torch.Tensor) -> codec.Encoded:
+    """A KV_POOL block over host-resident blocks (zero-copy; the checksum is computed here)."""
     L, _, _, block_size, H, _ = host.shape
     enc = codec.encode(host, kind=pb.TENSOR_KIND_KV, layout=pb.LAYOUT_KV_POOL, model_id=target.model_id,
                        layers=(0, L), heads=(0, H), sequence_id=seq_id, tokens=(0, target.kv_length(seq_id)),
                        block_size=block_size, source_device=_device_name(target.device))
     enc.descriptor.locator.inline.num_chunks = 0  # held in this process: the payload travels as is
-    return HostKv(enc, staged)
+    return enc
 
 
 def swap_out(target: TargetRunner, seq_id: int, staging: StagingPool) -> HostKv:

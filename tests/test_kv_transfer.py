@@ -165,3 +165,26 @@ def test_cuda_staging_is_pinned_and_async():
     back = pool.to_device(staged.host, "cuda:0")
     assert torch.equal(back, x)
     staged.release()
+
+
+def test_handoff_records_its_transfer_spans_and_phases_still_add_up(target, drafter, smollm2, smollm2_tokenizer):
+    import time
+
+    engine = _engine(target, smollm2_tokenizer, smollm2, KvHandoffDrafter(drafter, target))
+    engine.tracer.enabled = True
+    ids = smollm2_tokenizer(GROUNDED).input_ids
+    t0 = time.perf_counter()
+    engine.generate(ids, SamplingParams(max_new_tokens=16, ignore_eos=True))
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    spans = engine.tracer.clear()
+    by_name = {}
+    for s in spans:
+        by_name.setdefault(s.name, []).append(s)
+    for phase in ("d2h", "serialize", "deserialize", "h2d"):  # once, at the drafter's start
+        assert len(by_name[phase]) == 1, phase
+    (ser,), (des,) = by_name["serialize"], by_name["deserialize"]
+    assert ser.flow_out is not None and des.flow_in == (ser.flow_out,)
+    assert ser.args["nbytes"] == engine.drafter.bytes_sent
+    assert by_name["h2d"][0].track == engine._drafter_track  # the engine's own timeline for the drafter
+    covered = sum(s.dur_ms for s in spans)
+    assert 0.9 * wall_ms <= covered <= 1.02 * wall_ms  # no phase counted twice, little left out

@@ -3,7 +3,12 @@
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from orchestrator.profiler.spans import Tracer
 
 
 @dataclass
@@ -32,6 +37,9 @@ class Drafter(ABC):
     """
 
     name: str = "drafter"
+    # Set by the engine before `start`: drafters that move tensors (K/V handoff, remote
+    # drafters) record their transfer spans on it.
+    tracer: "Tracer | None" = None
 
     @abstractmethod
     def start(self, seq_id: int, prompt_ids: list[int]) -> None: ...

@@ -11,11 +11,14 @@ import torch
 
 from orchestrator.drafters.base import DraftProposal, Drafter
 from orchestrator.drafters.onnx_drafter import OnnxDrafter
-from orchestrator.kv_transfer import check_geometry, export_kv
+from orchestrator.kv_transfer import check_geometry, describe_kv, stage_kv
+from orchestrator.profiler.spans import Tracer, Track
 from orchestrator.target import TargetRunner
 from protocol import codec, inline
 from protocol.pb import blocks_pb2 as pb
 from protocol.staging import StagingPool
+
+_OFF = Tracer(enabled=False)
 
 
 class KvHandoffDrafter(Drafter):
@@ -27,19 +30,39 @@ class KvHandoffDrafter(Drafter):
         self.staging = staging or StagingPool(target.device)
         self.name = f"{inner.name}+kv-handoff"
         self.bytes_sent = 0
+        # the engine's track names, so these spans land on the same timelines
+        self._target_track = Track(str(target.device), "target")
+        self._host_track = Track("cpu", "host")
+        self._drafter_track = Track("cpu", f"drafter ({self.name})")
 
     def start(self, seq_id: int, prompt_ids: list[int]) -> None:
-        """Called after the target's prefill: its pool holds K/V for the whole prompt."""
-        host = export_kv(self.target, seq_id, self.staging)
+        """Called after the target's prefill: its pool holds K/V for the whole prompt.
+
+        Four spans on the engine's tracer: d2h (pool -> staging buffer), serialize (describe,
+        checksum, Block message), deserialize (validate, checksum, layout/dtype conversion),
+        h2d (into the drafter's KV buffers); a flow links serialize to deserialize.
+        """
+        tracer = self.tracer or _OFF
+        staged = None
         try:
-            block = inline.to_block(host.encoded)  # what crosses the wire to a remote drafter
+            with tracer.span("d2h", self._target_track, request=seq_id):
+                staged = stage_kv(self.target, seq_id, self.staging)
+                host = staged.wait()  # [L, 2, num_blocks, block_size, H, D]
+            flow = tracer.new_flow()
+            with tracer.span("serialize", self._host_track, request=seq_id, flow_out=flow) as span:
+                block = inline.to_block(describe_kv(self.target, seq_id, host))  # what a remote drafter gets
+                if span is not None:
+                    span.args["nbytes"] = len(block.data)
         finally:
-            host.release()
+            if staged is not None:
+                staged.release()
         self.bytes_sent += len(block.data)
-        d, payload = inline.from_block(block)
-        check_geometry(d, self.target.model_id, self.inner.num_layers, self.inner.num_kv_heads, self.inner.head_dim)
-        kv = codec.decode(d, bytearray(payload), layout=pb.LAYOUT_KV_SEQ, dtype=torch.float32, verified=True)
-        self.inner.start_with_kv(seq_id, prompt_ids, kv[:, :, :, :len(prompt_ids)])  # [L, 2, H, T, D]
+        with tracer.span("deserialize", self._host_track, request=seq_id, flow_in=(flow,)):
+            d, payload = inline.from_block(block)
+            check_geometry(d, self.target.model_id, self.inner.num_layers, self.inner.num_kv_heads, self.inner.head_dim)
+            kv = codec.decode(d, bytearray(payload), layout=pb.LAYOUT_KV_SEQ, dtype=torch.float32, verified=True)
+        with tracer.span("h2d", self._drafter_track, request=seq_id):
+            self.inner.start_with_kv(seq_id, prompt_ids, kv[:, :, :, :len(prompt_ids)])  # [L, 2, H, T, D]
 
     def propose(self, seq_id: int, k: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                 generator: torch.Generator | None = None) -> DraftProposal:

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 import torch
 
-from orchestrator.build import build_drafter, eos_token_ids, load_tokenizer
+from orchestrator.build import build_drafter, eos_token_ids, load_tokenizer, with_kv_handoff
 from orchestrator.checkpoints import resolve
 from orchestrator.config import EngineConfig, SamplingParams
 from orchestrator.engine import Engine
@@ -44,6 +44,8 @@ def build_sides(config: EngineConfig, ks: list[int], progress: bool = True) -> t
     eos = eos_token_ids(ckpt, tokenizer)
     sides = [Side(BASELINE, 0, Engine(target, tokenizer, None, max_num_seqs=1, eos_token_ids=eos))]
     drafter = build_drafter(replace(config, num_speculative_tokens=max(ks)), ckpt, progress=progress)
+    if config.drafter.kv_handoff:
+        drafter = with_kv_handoff(drafter, config.drafter, target)
     for k in ks:
         engine = Engine(target, tokenizer, drafter, num_speculative_tokens=k, max_num_seqs=1,
                         eos_token_ids=eos, adaptive_k=config.adaptive_k)
