@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from protocol import quant
-from protocol.dtypes import BITS, TORCH_OF, wire_dtype
+from protocol.dtypes import TORCH_OF, wire_dtype
 from protocol.errors import BlockError
 from protocol.pb import blocks_pb2 as pb
 from protocol.validate import DEFAULT_LIMITS, Limits, checksum, validate_descriptor, validate_payload
@@ -146,6 +146,3 @@ def seq_to_pool(t: torch.Tensor, block_size: int) -> torch.Tensor:
     out[:, :, :T] = t.permute(0, 1, 3, 2, 4)
     return out.reshape(L, two, nb, block_size, H, D)
 
-
-def data_bits(d: pb.BlockDescriptor) -> int:
-    return BITS[d.dtype]
