@@ -145,4 +145,3 @@ def seq_to_pool(t: torch.Tensor, block_size: int) -> torch.Tensor:
     out = t.new_zeros(L, two, nb * block_size, H, D)
     out[:, :, :T] = t.permute(0, 1, 3, 2, 4)
     return out.reshape(L, two, nb, block_size, H, D)
-
