@@ -1,7 +1,6 @@
 """End to end on the real SmolLM2-135M: speculative output equals target-only output."""
 
 import pytest
-import torch
 
 from orchestrator.build import eos_token_ids
 from orchestrator.config import SamplingParams
