@@ -70,12 +70,17 @@ def export_options(d: DrafterConfig):
                          int8_lm_head=d.int8_lm_head and d.precision == "int4")
 
 
+def build_target(config: EngineConfig, ckpt: Checkpoint) -> TargetRunner:
+    """The target runner on the config's device and dtype, with its KV pool."""
+    return TargetRunner(ckpt, device=config.device, dtype=getattr(torch, config.dtype),
+                        block_size=config.kv_block_size, max_kv_tokens=config.max_kv_tokens)
+
+
 def build_engine(config: EngineConfig, progress: bool = True) -> tuple[Engine, Checkpoint]:
     config.validate()
     ckpt = resolve(config.model)
     tokenizer = load_tokenizer(ckpt)
-    target = TargetRunner(ckpt, device=config.device, dtype=getattr(torch, config.dtype),
-                          block_size=config.kv_block_size, max_kv_tokens=config.max_kv_tokens)
+    target = build_target(config, ckpt)
     drafter = build_drafter(config, ckpt, progress=progress)
     if drafter is not None and config.drafter.kv_handoff:
         drafter = with_kv_handoff(drafter, config.drafter, target)

@@ -5,7 +5,6 @@ import json
 import logging
 import os
 import sys
-from dataclasses import replace
 
 from orchestrator.config import DRAFTERS, DTYPES, DrafterConfig, SamplingParams
 from orchestrator.errors import HetspecError
@@ -131,10 +130,9 @@ def _quiet_transformers() -> None:
         pass
 
 
-def _drafter_config(args, kind: str, providers: list[str] | None = None) -> DrafterConfig:
-    config = DrafterConfig(kind=kind, precision=args.precision, block_size=args.block_size,
-                           int8_lm_head=args.int8_lm_head)
-    return replace(config, providers=tuple(providers)) if providers else config
+def _drafter_config(args, kind: str) -> DrafterConfig:
+    return DrafterConfig(kind=kind, precision=args.precision, block_size=args.block_size,
+                         int8_lm_head=args.int8_lm_head)
 
 
 def _generate(args) -> int:

@@ -11,7 +11,7 @@ from orchestrator.config import SamplingParams
 from orchestrator.detok import TextStream
 from orchestrator.drafters.base import Drafter, DraftProposal
 from orchestrator.errors import InvalidRequestError
-from orchestrator.profiler.spans import Tracer, Track
+from orchestrator.profiler.spans import HOST_TRACK, Tracer, drafter_track, target_track
 from orchestrator.sampling import logits_to_probs
 from orchestrator.scheduler import Scheduler
 from orchestrator.sequence import Sequence, Status
@@ -47,14 +47,12 @@ class Engine:
         self.sequences: dict[int, Sequence] = {}
         self._streams: dict[int, TextStream] = {}
         self._ids = itertools.count()
-        # Spans of every phase (profiling runs enable them). A drafter without a torch device
-        # is timed on the host clock: ONNX Runtime's run() returns when its work is done.
+        # Spans of every phase (profiling runs enable them).
         self.tracer = Tracer(enabled=False)
         self.num_steps = 0
-        self._host = Track("cpu", "host")
-        self._target_track = Track(str(target.device), "target")
-        self._drafter_track = Track(str(getattr(drafter, "device", "cpu")),
-                                    f"drafter ({getattr(drafter, 'name', 'none')})")
+        self._host = HOST_TRACK
+        self._target_track = target_track(target.device)
+        self._drafter_track = drafter_track(drafter)
         self._flows: dict[int, int] = {}  # seq_id -> flow of this step's draft ids
 
     # ---- requests --------------------------------------------------------------------

@@ -23,10 +23,6 @@ class HostKv:
     encoded: codec.Encoded  # payload aliases `staged.host`
     staged: Staged
 
-    @property
-    def num_tokens(self) -> int:
-        return self.encoded.descriptor.tokens.end
-
     def release(self) -> None:
         self.staged.release()
 
@@ -64,9 +60,9 @@ def swap_in(target: TargetRunner, seq_id: int, kv: HostKv) -> None:
     d = kv.encoded.descriptor
     s = target.model.spec
     check_geometry(d, target.model_id, s.num_layers, s.num_kv_heads, s.head_dim)
-    blocks = codec.decode(d, kv.encoded.payload)  # [L, 2, num_blocks, block_size, H, D]
     if d.block_size != target.pool.block_size:
         raise BlockError("block_size", f"is {d.block_size}, the pool uses {target.pool.block_size}")
+    blocks = codec.decode(d, kv.encoded.payload)  # [L, 2, num_blocks, block_size, H, D]
     target.pool.write_blocks(seq_id, blocks, d.tokens.end)
     kv.release()
 

@@ -109,11 +109,15 @@ class Assembler:
         return self._next > 0 and self._next < self.descriptor.locator.inline.num_chunks
 
 
-def assemble(chunks: Iterable[pb.BlockChunk], limits: Limits = DEFAULT_LIMITS) -> tuple[pb.BlockDescriptor, memoryview]:
-    """Reassemble exactly one transfer from a chunk stream."""
-    assembler = Assembler(limits)
+def assemble(chunks: Iterable[pb.BlockChunk], limits: Limits = DEFAULT_LIMITS,
+             allocate=None) -> tuple[pb.BlockDescriptor, memoryview]:
+    """Reassemble exactly one transfer from a chunk stream (chunks after the last are an error)."""
+    assembler = Assembler(limits, allocate)
+    done = None
     for chunk in chunks:
-        done = assembler.add(chunk)
         if done is not None:
-            return done
-    raise BlockError("chunk.index", "stream ended before the last chunk" if assembler.incomplete else "no chunks")
+            raise BlockError("chunk.index", "chunks after the last one")
+        done = assembler.add(chunk)
+    if done is None:
+        raise BlockError("chunk.index", "stream ended before the last chunk" if assembler.incomplete else "no chunks")
+    return done

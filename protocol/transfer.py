@@ -4,6 +4,7 @@ The server validates every chunk and descriptor before it copies a byte, reads s
 through a ShmReader, and answers INVALID_ARGUMENT naming the field for anything malformed.
 """
 
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -12,7 +13,7 @@ import grpc
 
 from protocol.codec import Encoded
 from protocol.errors import BlockError
-from protocol.inline import MAX_CHUNK_BYTES, Assembler, to_chunks
+from protocol.inline import MAX_CHUNK_BYTES, assemble, to_chunks
 from protocol.pb import blocks_pb2 as pb
 from protocol.pb import blocks_pb2_grpc
 from protocol.shm import ShmReader
@@ -60,24 +61,13 @@ class BlockTransferServicer(blocks_pb2_grpc.BlockTransferServicer):
             with self.shm.view(d) as payload:  # zero-copy: checked in place
                 self._deliver(d, payload)
             return d
-        d, payload = self._assemble(first, chunks)
+        d, payload = assemble(itertools.chain([first], chunks), self.limits, self._buffer)
         self._deliver(d, payload)
         return d
 
     def _deliver(self, d: pb.BlockDescriptor, payload: memoryview) -> None:
         if self.on_block is not None:
             self.on_block(d, payload)
-
-    def _assemble(self, first: pb.BlockChunk, chunks: Iterator[pb.BlockChunk]) -> tuple[pb.BlockDescriptor, memoryview]:
-        assembler = Assembler(self.limits, self._buffer)
-        done = assembler.add(first)
-        for chunk in chunks:
-            if done is not None:
-                raise BlockError("chunk.index", "chunks after the last one")
-            done = assembler.add(chunk)
-        if done is None:
-            raise BlockError("chunk.index", "stream ended before the last chunk")
-        return done
 
 
 def serve(host: str = "127.0.0.1", port: int = 0, limits: Limits = DEFAULT_LIMITS,

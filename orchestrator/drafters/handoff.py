@@ -12,7 +12,7 @@ import torch
 from orchestrator.drafters.base import DraftProposal, Drafter
 from orchestrator.drafters.onnx_drafter import OnnxDrafter
 from orchestrator.kv_transfer import check_geometry, describe_kv, stage_kv
-from orchestrator.profiler.spans import Tracer, Track
+from orchestrator.profiler.spans import HOST_TRACK, Tracer, drafter_track, target_track
 from orchestrator.target import TargetRunner
 from protocol import codec, inline
 from protocol.pb import blocks_pb2 as pb
@@ -30,10 +30,10 @@ class KvHandoffDrafter(Drafter):
         self.staging = staging or StagingPool(target.device)
         self.name = f"{inner.name}+kv-handoff"
         self.bytes_sent = 0
-        # the engine's track names, so these spans land on the same timelines
-        self._target_track = Track(str(target.device), "target")
-        self._host_track = Track("cpu", "host")
-        self._drafter_track = Track("cpu", f"drafter ({self.name})")
+        # the engine's timelines, so these spans land beside its own
+        self._target_track = target_track(target.device)
+        self._host_track = HOST_TRACK
+        self._drafter_track = drafter_track(self)
 
     def start(self, seq_id: int, prompt_ids: list[int]) -> None:
         """Called after the target's prefill: its pool holds K/V for the whole prompt.
@@ -60,7 +60,7 @@ class KvHandoffDrafter(Drafter):
         with tracer.span("deserialize", self._host_track, request=seq_id, flow_in=(flow,)):
             d, payload = inline.from_block(block)
             check_geometry(d, self.target.model_id, self.inner.num_layers, self.inner.num_kv_heads, self.inner.head_dim)
-            kv = codec.decode(d, bytearray(payload), layout=pb.LAYOUT_KV_SEQ, dtype=torch.float32, verified=True)
+            kv = codec.decode(d, payload, layout=pb.LAYOUT_KV_SEQ, dtype=torch.float32, verified=True)
         with tracer.span("h2d", self._drafter_track, request=seq_id):
             self.inner.start_with_kv(seq_id, prompt_ids, kv[:, :, :, :len(prompt_ids)])  # [L, 2, H, T, D]
 

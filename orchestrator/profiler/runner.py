@@ -11,13 +11,12 @@ from datetime import datetime, timezone
 
 import torch
 
-from orchestrator.build import build_drafter, eos_token_ids, load_tokenizer, with_kv_handoff
+from orchestrator.build import build_drafter, build_target, eos_token_ids, load_tokenizer, with_kv_handoff
 from orchestrator.checkpoints import resolve
 from orchestrator.config import EngineConfig, SamplingParams
 from orchestrator.engine import Engine
 from orchestrator.errors import HetspecError
 from orchestrator.profiler.workloads import WorkloadPrompt
-from orchestrator.target import TargetRunner
 
 SCHEMA = "hetspec.profile.run/1"
 BASELINE = "target-only"
@@ -39,8 +38,7 @@ def build_sides(config: EngineConfig, ks: list[int], progress: bool = True) -> t
     config.validate()
     ckpt = resolve(config.model)
     tokenizer = load_tokenizer(ckpt)
-    target = TargetRunner(ckpt, device=config.device, dtype=getattr(torch, config.dtype),
-                          block_size=config.kv_block_size, max_kv_tokens=config.max_kv_tokens)
+    target = build_target(config, ckpt)
     eos = eos_token_ids(ckpt, tokenizer)
     sides = [Side(BASELINE, 0, Engine(target, tokenizer, None, max_num_seqs=1, eos_token_ids=eos))]
     drafter = build_drafter(replace(config, num_speculative_tokens=max(ks)), ckpt, progress=progress)

@@ -37,6 +37,19 @@ class Track:
         return f"{self.device} {self.role}"
 
 
+# The engine's timelines; anything recording on them (e.g. a drafter's transfers) uses these.
+HOST_TRACK = Track("cpu", "host")
+
+
+def target_track(device) -> Track:
+    return Track(str(device), "target")
+
+
+def drafter_track(drafter) -> Track:
+    """A drafter without a torch device is timed on the host: ONNX Runtime's run() returns when done."""
+    return Track(str(getattr(drafter, "device", "cpu")), f"drafter ({getattr(drafter, 'name', 'none')})")
+
+
 @dataclass
 class Span:
     name: str
