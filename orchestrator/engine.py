@@ -9,7 +9,7 @@ import torch
 
 from orchestrator.config import SamplingParams
 from orchestrator.detok import TextStream
-from orchestrator.drafters.base import Drafter, DraftProposal
+from orchestrator.drafters.base import Drafter, DraftProposal, DraftRequest
 from orchestrator.errors import InvalidRequestError
 from orchestrator.profiler.spans import HOST_TRACK, Tracer, drafter_track, target_track
 from orchestrator.sampling import logits_to_probs
@@ -100,19 +100,29 @@ class Engine:
         return outputs
 
     def _propose(self, seqs: list[Sequence]) -> dict[int, DraftProposal]:
-        drafts = {}
+        drafts, requests = {}, []
         for seq in seqs:
             k = self._draft_len(seq)
             if k == 0:
                 drafts[seq.seq_id] = DraftProposal(draft_ids=[])
                 continue
-            t0 = time.perf_counter()
             p = seq.params
-            flow = self._flows[seq.seq_id] = self.tracer.new_flow()
-            with self.tracer.span("draft", self._drafter_track, self.num_steps, seq.seq_id, flow_out=flow):
-                drafts[seq.seq_id] = self.drafter.propose(seq.seq_id, k, p.temperature, p.top_k, p.top_p,
-                                                          seq.generator)
-            seq.stats.time_draft_s += time.perf_counter() - t0
+            requests.append(DraftRequest(seq.seq_id, k, p.temperature, p.top_k, p.top_p, seq.generator))
+        if not requests:
+            return drafts
+        t0 = time.perf_counter()
+        flow = self.tracer.new_flow()
+        self._flows.update((r.seq_id, flow) for r in requests)
+        # one span per step (a batched drafter answers for every sequence at once)
+        request = requests[0].seq_id if len(requests) == 1 else None
+        with self.tracer.span("draft", self._drafter_track, self.num_steps, request, flow_out=flow):
+            drafts.update(self.drafter.propose_batch(requests))
+        elapsed = time.perf_counter() - t0
+        for r in requests:
+            seq = self.sequences[r.seq_id]
+            seq.stats.time_draft_s += elapsed
+            if drafts[r.seq_id].unavailable:
+                seq.stats.num_fallback_steps += 1
         return drafts
 
     def _draft_len(self, seq: Sequence) -> int:
@@ -131,7 +141,7 @@ class Engine:
             batch.append((seq.seq_id, pending + d, len(d) + 1))
         t0 = time.perf_counter()
         # draft ids reach the target in process (a list, no copy); the flow marks the hand-off
-        flows, self._flows = tuple(self._flows.values()), {}
+        flows, self._flows = tuple(dict.fromkeys(self._flows.values())), {}
         phase = "verify" if any(seq.prefilled for seq in seqs) else "prefill"
         num_tokens = sum(len(b[1]) for b in batch)
         with self.tracer.span(phase, self._target_track, self.num_steps, flow_in=flows, num_tokens=num_tokens):

@@ -28,6 +28,7 @@ class SpecStats:
     time_prefill_s: float = 0.0
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
+    num_fallback_steps: int = 0  # steps run target-only because the drafter was unavailable
 
     def record(self, num_draft: int, num_accepted: int, num_committed: int) -> None:
         grow = num_draft - len(self.drafted_per_position)
@@ -63,6 +64,7 @@ class SpecStats:
             "time_prefill_s": self.time_prefill_s,
             "time_draft_s": self.time_draft_s,
             "time_verify_s": self.time_verify_s,
+            "num_fallback_steps": self.num_fallback_steps,
         }
 
 

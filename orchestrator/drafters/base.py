@@ -22,6 +22,21 @@ class DraftProposal:
 
     draft_ids: list[int]  # [num_draft]
     draft_probs: torch.Tensor | None = None  # [num_draft, vocab] float32, rows sum to 1
+    # True when the drafter could not be asked (a remote drafter that is down): the step
+    # runs target-only and the request's stats count it
+    unavailable: bool = False
+
+
+@dataclass
+class DraftRequest:
+    """One sequence's entry in a batched propose."""
+
+    seq_id: int
+    k: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
 
 
 class Drafter(ABC):
@@ -49,6 +64,12 @@ class Drafter(ABC):
         self, seq_id: int, k: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
         generator: torch.Generator | None = None,
     ) -> DraftProposal: ...
+
+    def propose_batch(self, requests: list[DraftRequest]) -> dict[int, DraftProposal]:
+        """Drafts for several sequences in one call (one engine step). Local drafters run
+        them one by one; a remote drafter sends them as one frame."""
+        return {r.seq_id: self.propose(r.seq_id, r.k, r.temperature, r.top_k, r.top_p, r.generator)
+                for r in requests}
 
     @abstractmethod
     def extend(self, seq_id: int, token_ids: list[int]) -> None: ...

@@ -8,24 +8,32 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenSequence(_message.Message):
-    __slots__ = ("sequence_id", "prompt_ids", "kv_blocks")
+    __slots__ = ("sequence_id", "prompt_ids", "kv_blocks", "seed")
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
     sequence_id: int
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     kv_blocks: _containers.RepeatedCompositeFieldContainer[_blocks_pb2.Block]
-    def __init__(self, sequence_id: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., kv_blocks: _Optional[_Iterable[_Union[_blocks_pb2.Block, _Mapping]]] = ...) -> None: ...
+    seed: int
+    def __init__(self, sequence_id: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., kv_blocks: _Optional[_Iterable[_Union[_blocks_pb2.Block, _Mapping]]] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
-    __slots__ = ("sequence_id", "num_draft", "want_probs")
+    __slots__ = ("sequence_id", "num_draft", "want_probs", "temperature", "top_k", "top_p")
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_FIELD_NUMBER: _ClassVar[int]
     WANT_PROBS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
     sequence_id: int
     num_draft: int
     want_probs: bool
-    def __init__(self, sequence_id: _Optional[int] = ..., num_draft: _Optional[int] = ..., want_probs: _Optional[bool] = ...) -> None: ...
+    temperature: float
+    top_k: int
+    top_p: float
+    def __init__(self, sequence_id: _Optional[int] = ..., num_draft: _Optional[int] = ..., want_probs: _Optional[bool] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ...) -> None: ...
 
 class DraftProposal(_message.Message):
     __slots__ = ("sequence_id", "draft_ids", "draft_probs")
@@ -38,18 +46,20 @@ class DraftProposal(_message.Message):
     def __init__(self, sequence_id: _Optional[int] = ..., draft_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Union[_blocks_pb2.Block, _Mapping]] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
-    __slots__ = ("sequence_id", "num_accepted", "bonus_token_id", "rollback_to", "hidden_states")
+    __slots__ = ("sequence_id", "num_accepted", "bonus_token_id", "rollback_to", "hidden_states", "append_ids")
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     BONUS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     ROLLBACK_TO_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
+    APPEND_IDS_FIELD_NUMBER: _ClassVar[int]
     sequence_id: int
     num_accepted: int
     bonus_token_id: int
     rollback_to: int
     hidden_states: _blocks_pb2.Block
-    def __init__(self, sequence_id: _Optional[int] = ..., num_accepted: _Optional[int] = ..., bonus_token_id: _Optional[int] = ..., rollback_to: _Optional[int] = ..., hidden_states: _Optional[_Union[_blocks_pb2.Block, _Mapping]] = ...) -> None: ...
+    append_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, sequence_id: _Optional[int] = ..., num_accepted: _Optional[int] = ..., bonus_token_id: _Optional[int] = ..., rollback_to: _Optional[int] = ..., hidden_states: _Optional[_Union[_blocks_pb2.Block, _Mapping]] = ..., append_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CloseSequence(_message.Message):
     __slots__ = ("sequence_id",)
@@ -86,10 +96,12 @@ class VerifyBatch(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ...) -> None: ...
 
 class ProposalBatch(_message.Message):
-    __slots__ = ("proposals",)
+    __slots__ = ("proposals", "compute_ns")
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_NS_FIELD_NUMBER: _ClassVar[int]
     proposals: _containers.RepeatedCompositeFieldContainer[DraftProposal]
-    def __init__(self, proposals: _Optional[_Iterable[_Union[DraftProposal, _Mapping]]] = ...) -> None: ...
+    compute_ns: int
+    def __init__(self, proposals: _Optional[_Iterable[_Union[DraftProposal, _Mapping]]] = ..., compute_ns: _Optional[int] = ...) -> None: ...
 
 class DrafterResponse(_message.Message):
     __slots__ = ("protocol_version", "request_id", "proposals", "ack")

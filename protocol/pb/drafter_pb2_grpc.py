@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from protocol.pb import drafter_pb2 as protocol_dot_pb_dot_drafter__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -22,3 +23,84 @@ if _version_not_supported:
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
+
+
+class DrafterStub:
+    """One bidirectional stream per target engine. Frames are answered in order, one response
+    per request frame; a malformed frame ends the stream with INVALID_ARGUMENT naming the
+    field, and the drafter forgets every sequence of the stream when it ends.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Session = channel.stream_stream(
+                '/hetspec.v1.Drafter/Session',
+                request_serializer=protocol_dot_pb_dot_drafter__pb2.DrafterRequest.SerializeToString,
+                response_deserializer=protocol_dot_pb_dot_drafter__pb2.DrafterResponse.FromString,
+                _registered_method=True)
+
+
+class DrafterServicer:
+    """One bidirectional stream per target engine. Frames are answered in order, one response
+    per request frame; a malformed frame ends the stream with INVALID_ARGUMENT naming the
+    field, and the drafter forgets every sequence of the stream when it ends.
+    """
+
+    def Session(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_DrafterServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=protocol_dot_pb_dot_drafter__pb2.DrafterRequest.FromString,
+                    response_serializer=protocol_dot_pb_dot_drafter__pb2.DrafterResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'hetspec.v1.Drafter', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('hetspec.v1.Drafter', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Drafter:
+    """One bidirectional stream per target engine. Frames are answered in order, one response
+    per request frame; a malformed frame ends the stream with INVALID_ARGUMENT naming the
+    field, and the drafter forgets every sequence of the stream when it ends.
+    """
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/hetspec.v1.Drafter/Session',
+            protocol_dot_pb_dot_drafter__pb2.DrafterRequest.SerializeToString,
+            protocol_dot_pb_dot_drafter__pb2.DrafterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
