@@ -86,7 +86,7 @@ def build_engine(config: EngineConfig, progress: bool = True) -> tuple[Engine, C
         drafter = with_kv_handoff(drafter, config.drafter, target)
     engine = Engine(target, tokenizer, drafter, num_speculative_tokens=config.num_speculative_tokens,
                     max_num_seqs=config.max_num_seqs, eos_token_ids=eos_token_ids(ckpt, tokenizer),
-                    adaptive_k=config.adaptive_k)
+                    adaptive_k=config.adaptive_k, preemption=config.preemption)
     return engine, ckpt
 
 

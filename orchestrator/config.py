@@ -7,6 +7,7 @@ from orchestrator.errors import InvalidRequestError
 
 DTYPES = ("float32", "float16", "bfloat16")
 DRAFTERS = ("onnx", "ngram", "none", "torch", "remote")
+PREEMPTION_MODES = ("auto", "swap", "recompute")
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,8 @@ class EngineConfig:
     max_num_seqs: int = 16
     num_speculative_tokens: int = 4  # k
     adaptive_k: bool = False  # shrink the draft after rejections, grow it after full accepts
+    # a preempted sequence's K/V: swapped to host, recomputed, or whichever is estimated cheaper
+    preemption: str = "auto"  # "auto" | "swap" | "recompute"
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
 
     def validate(self) -> None:
@@ -81,6 +84,8 @@ class EngineConfig:
             raise InvalidRequestError(f"drafter dtype must be one of {', '.join(DTYPES)}, got {self.drafter.dtype!r}")
         if self.drafter.kind not in DRAFTERS:
             raise InvalidRequestError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter.kind!r}")
+        if self.preemption not in PREEMPTION_MODES:
+            raise InvalidRequestError(f"preemption must be one of {', '.join(PREEMPTION_MODES)}, got {self.preemption!r}")
         if not 0 <= self.num_speculative_tokens <= 32:
             raise InvalidRequestError("num_speculative_tokens must be in [0, 32]")
         for name in ("kv_block_size", "max_kv_tokens", "max_num_seqs"):

@@ -11,12 +11,15 @@ from orchestrator.config import SamplingParams
 from orchestrator.detok import TextStream
 from orchestrator.drafters.base import Drafter, DraftProposal, DraftRequest
 from orchestrator.errors import InvalidRequestError
+from orchestrator.kv_transfer import HostKv, swap_in, swap_out
+from orchestrator.preemption import PreemptionPolicy
 from orchestrator.profiler.spans import HOST_TRACK, Tracer, drafter_track, target_track
 from orchestrator.sampling import logits_to_probs
 from orchestrator.scheduler import Scheduler
 from orchestrator.sequence import Sequence, Status
 from orchestrator.target import TargetRunner
 from orchestrator.verify import VerifyResult, greedy_verify, rejection_verify
+from protocol.staging import StagingPool
 
 
 @dataclass
@@ -33,14 +36,19 @@ class StepOutput:
 class Engine:
     def __init__(self, target: TargetRunner, tokenizer, drafter: Drafter | None = None,
                  num_speculative_tokens: int = 4, max_num_seqs: int = 16,
-                 eos_token_ids: tuple[int, ...] = (), adaptive_k: bool = False):
+                 eos_token_ids: tuple[int, ...] = (), adaptive_k: bool = False, preemption: str = "auto"):
         self.target = target
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.k = num_speculative_tokens if drafter is not None else 0
         self.adaptive_k = adaptive_k
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.scheduler = Scheduler(target.pool, max_num_seqs)
+        self.preemption = PreemptionPolicy(preemption)
+        self._staging = StagingPool(target.device)
+        self._swapped: dict[int, HostKv] = {}  # seq_id -> K/V of a preempted sequence, on the host
+        self.num_preemptions_swap = 0
+        self.num_preemptions_recompute = 0
+        self.scheduler = Scheduler(target.pool, max_num_seqs, preempt=self._preempt)
         pool_tokens = target.pool.num_blocks * target.pool.block_size
         # longest sequence we can hold: a verify step adds up to k + 1 positions at once
         self.max_len = min(target.max_context, pool_tokens - self.k - 1)
@@ -90,6 +98,7 @@ class Engine:
     def step(self) -> list[StepOutput]:
         with self.tracer.span("schedule", self._host, step=self.num_steps):
             seqs = self.scheduler.schedule()
+            self._swap_in(seqs)
         if not seqs:
             return []
         drafts = self._propose(seqs)
@@ -152,6 +161,7 @@ class Engine:
                 results = [replace(r, output_ids=r.output_ids.cpu(), num_accepted=r.num_accepted.cpu())
                            for r in results]
         elapsed = time.perf_counter() - t0
+        self.preemption.record_forward(num_tokens, elapsed)
         for seq in seqs:
             if seq.prefilled:
                 seq.stats.time_verify_s += elapsed
@@ -236,8 +246,37 @@ class Engine:
         seq.finish_s = time.perf_counter()
         self.scheduler.remove(seq)
         self.target.free(seq.seq_id)
+        kv = self._swapped.pop(seq.seq_id, None)  # finished or cancelled while swapped out
+        if kv is not None:
+            kv.release()
         if self.drafter is not None and seq.k:
             self.drafter.finish(seq.seq_id)
+
+    # ---- preemption ------------------------------------------------------------------
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Take a sequence's K/V out of the pool: to host memory, or dropped to be recomputed."""
+        pool = self.target.pool
+        num_bytes = len(pool.tables.get(seq.seq_id, ())) * pool.kv[:, :, 0].nbytes  # block: [L, 2, bs, H, D]
+        if self.preemption.choose(num_bytes, self.target.kv_length(seq.seq_id)) == "recompute":
+            self.target.free(seq.seq_id)
+            self.num_preemptions_recompute += 1
+            return
+        t0 = time.perf_counter()
+        self._swapped[seq.seq_id] = swap_out(self.target, seq.seq_id, self._staging)
+        self.preemption.record_copy(num_bytes, time.perf_counter() - t0)
+        self.num_preemptions_swap += 1
+
+    def _swap_in(self, seqs: list[Sequence]) -> None:
+        """Put swapped-out K/V back for re-admitted sequences (the scheduler reserved the blocks)."""
+        for seq in seqs:
+            kv = self._swapped.pop(seq.seq_id, None)
+            if kv is None:
+                continue
+            t0 = time.perf_counter()
+            num_bytes = kv.staged.host.nbytes
+            swap_in(self.target, seq.seq_id, kv)
+            self.preemption.record_copy(num_bytes, time.perf_counter() - t0)
 
     # ---- convenience -----------------------------------------------------------------
 

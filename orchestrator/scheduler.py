@@ -1,15 +1,18 @@
 """Admits waiting requests into the running batch while the KV pool and batch limit allow."""
 
 from collections import deque
+from collections.abc import Callable
 
 from orchestrator.kv_pool import BlockPool
 from orchestrator.sequence import Sequence, Status
 
 
 class Scheduler:
-    def __init__(self, pool: BlockPool, max_num_seqs: int):
+    def __init__(self, pool: BlockPool, max_num_seqs: int, preempt: Callable[[Sequence], None] | None = None):
         self.pool = pool
         self.max_num_seqs = max_num_seqs
+        # gives up a sequence's pool blocks (swapped to host or dropped); by default, dropped
+        self.preempt = preempt or (lambda seq: pool.free(seq.seq_id))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -23,12 +26,13 @@ class Scheduler:
     def schedule(self) -> list[Sequence]:
         """The batch for the next step: everything running plus whatever now fits (FCFS).
 
-        When the running sequences outgrow the pool, the newest is preempted: its K/V is freed
-        and it waits at the head of the queue, to be recomputed from its committed tokens.
+        When the running sequences outgrow the pool, the newest is preempted: `preempt` takes
+        its K/V out of the pool (to host, or to be recomputed) and it waits at the head of the
+        queue. Out of the pool it holds no blocks, so `_need` counts all it will take back.
         """
         while len(self.running) > 1 and sum(map(self._need, self.running)) > self.pool.num_free_blocks:
             victim = self.running.pop()
-            self.pool.free(victim.seq_id)
+            self.preempt(victim)
             victim.status = Status.WAITING
             victim.num_preemptions += 1
             self.waiting.appendleft(victim)

@@ -16,9 +16,9 @@ def target(smollm2):
     return TargetRunner(smollm2, block_size=16, max_kv_tokens=4096)
 
 
-def make_engine(target, tokenizer, ckpt, drafter=None, k=4, max_num_seqs=16, adaptive_k=False):
+def make_engine(target, tokenizer, ckpt, drafter=None, k=4, max_num_seqs=16, adaptive_k=False, preemption="auto"):
     return Engine(target, tokenizer, drafter, num_speculative_tokens=k, max_num_seqs=max_num_seqs,
-                  eos_token_ids=eos_token_ids(ckpt, tokenizer), adaptive_k=adaptive_k)
+                  eos_token_ids=eos_token_ids(ckpt, tokenizer), adaptive_k=adaptive_k, preemption=preemption)
 
 
 @pytest.fixture(scope="module")
@@ -180,20 +180,25 @@ def test_adaptive_k_is_lossless_and_varies_the_draft_length(target, smollm2, smo
     assert len(lengths) > 2 and max(lengths) == 6
 
 
-def test_preemption_when_the_pool_is_short_recomputes_and_stays_lossless(smollm2, smollm2_tokenizer, reference):
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_preemption_when_the_pool_is_short_stays_lossless(smollm2, smollm2_tokenizer, reference, preemption):
     # 12 blocks of 16 tokens cannot hold three sequences of ~40 + 128 tokens at once
     small = TargetRunner(smollm2, block_size=16, max_kv_tokens=192)
-    engine = make_engine(small, smollm2_tokenizer, smollm2, NgramDrafter(), k=4)
+    engine = make_engine(small, smollm2_tokenizer, smollm2, NgramDrafter(), k=4, preemption=preemption)
     prompts = list(reference)[:3]
     ids = {engine.add_request(smollm2_tokenizer(p).input_ids, SamplingParams(max_new_tokens=128, ignore_eos=True)): p
            for p in prompts}
     while engine.has_work():
         engine.step()
     done = {i: engine.release(i) for i in ids}
-    assert sum(s.num_preemptions for s in done.values()) > 0
+    num_preemptions = sum(s.num_preemptions for s in done.values())
+    assert num_preemptions > 0
+    swapped, recomputed = engine.num_preemptions_swap, engine.num_preemptions_recompute
+    assert (swapped, recomputed) == ((num_preemptions, 0) if preemption == "swap" else (0, num_preemptions))
     for seq_id, prompt in ids.items():
         assert done[seq_id].output_ids == reference[prompt], prompt
     assert small.pool.num_free_blocks == small.pool.num_blocks
+    assert not engine._swapped  # every host copy went back in
 
 
 def test_out_of_vocab_prompt_ids_are_rejected(target, smollm2, smollm2_tokenizer):
@@ -201,3 +206,57 @@ def test_out_of_vocab_prompt_ids_are_rejected(target, smollm2, smollm2_tokenizer
     for bad in ([1, -1], [1, target.vocab_size]):
         with pytest.raises(InvalidRequestError, match="token ids"):
             engine.add_request(bad, SamplingParams())
+
+
+def test_cancel_while_swapped_out_releases_the_host_copy(smollm2, smollm2_tokenizer):
+    small = TargetRunner(smollm2, block_size=16, max_kv_tokens=128)
+    engine = make_engine(small, smollm2_tokenizer, smollm2, NgramDrafter(), k=4, preemption="swap")
+    params = SamplingParams(max_new_tokens=64, ignore_eos=True)
+    ids = [engine.add_request(smollm2_tokenizer(p).input_ids, params) for p in PROMPTS[:2]]
+    while not engine._swapped:
+        engine.step()
+    (victim,) = engine._swapped
+    assert victim == ids[1] and victim not in small.pool.tables  # the newest, out of the pool
+    engine.cancel(victim)
+    assert not engine._swapped and engine._staging.free_bytes > 0  # its buffer is back for reuse
+    while engine.has_work():
+        engine.step()
+    assert len(engine.release(ids[0]).output_ids) == 64
+    assert small.pool.num_free_blocks == small.pool.num_blocks
+
+
+KV_BYTES_PER_TOKEN = 46_080  # SmolLM2-135M in fp32: 30 layers * (K, V) * 3 heads * 64 * 4 bytes
+
+
+@pytest.mark.parametrize("num_bytes, copy_bytes_per_s, num_tokens, prefill_s_per_token, expected", [
+    (KV_BYTES_PER_TOKEN * 200, 1e10, 200, 1e-4, "swap"),  # fast copies: 1.8 ms out and in, 20 ms to recompute
+    (KV_BYTES_PER_TOKEN * 200, 1e8, 200, 1e-4, "recompute"),  # slow copies: 184 ms against 20 ms
+    (KV_BYTES_PER_TOKEN * 200, 1e9, 200, 1e-3, "swap"),  # slow prefill: 18.4 ms against 200 ms
+    (KV_BYTES_PER_TOKEN * 10, 1e9, 10, 1e-5, "recompute"),  # fast prefill: 0.92 ms against 0.1 ms
+    (1_000, 1e3, 1, 2.0, "recompute"),  # a tie (2 s each): the simple path
+])
+def test_preemption_cost_rule(num_bytes, copy_bytes_per_s, num_tokens, prefill_s_per_token, expected):
+    from orchestrator.preemption import choose_preemption
+
+    assert choose_preemption(num_bytes, copy_bytes_per_s, num_tokens, prefill_s_per_token) == expected
+
+
+def test_preemption_policy_follows_measurements_and_honours_forced_modes():
+    from orchestrator.preemption import PreemptionPolicy
+
+    nbytes, tokens = KV_BYTES_PER_TOKEN * 100, 100
+    auto = PreemptionPolicy("auto")
+    assert auto.choose(nbytes, tokens) == "swap"  # priors: 1 GB/s (9.2 ms) against 0.1 ms/token (10 ms)
+    auto.record_copy(nbytes, 0.5)  # measured: ~9 MB/s, the prior is gone
+    assert auto.copy_bytes_per_s.get() == nbytes / 0.5 and auto.choose(nbytes, tokens) == "recompute"
+    auto.record_forward(8, 8.0)  # too small a forward to price a token: ignored
+    assert auto.choose(nbytes, tokens) == "recompute"
+    auto.record_forward(100, 2.0)  # 20 ms/token: recomputing 100 tokens (2 s) beats 1 s of copies
+    assert auto.choose(nbytes, tokens) == "swap"
+    auto.record_copy(nbytes, 0.1)  # EMA: 0.8 * old + 0.2 * new
+    assert auto.copy_bytes_per_s.get() == pytest.approx(0.8 * nbytes / 0.5 + 0.2 * nbytes / 0.1)
+    assert PreemptionPolicy("swap").choose(nbytes, tokens) == "swap"
+    assert PreemptionPolicy("recompute").choose(1, tokens) == "recompute"
+    assert PreemptionPolicy("swap").choose(0, 0) == "recompute"  # nothing held, nothing to move
+    with pytest.raises(ValueError, match="preemption"):
+        PreemptionPolicy("swapp")
