@@ -8,7 +8,7 @@ from orchestrator.checkpoints import Checkpoint, resolve
 from orchestrator.config import DrafterConfig, EngineConfig
 from orchestrator.drafters.base import Drafter
 from orchestrator.engine import Engine
-from orchestrator.errors import REMOTE_NOT_AVAILABLE, CheckpointError, HetspecError
+from orchestrator.errors import CheckpointError, HetspecError
 from orchestrator.target import TargetRunner
 
 log = logging.getLogger(__name__)
@@ -21,6 +21,15 @@ def load_tokenizer(ckpt: Checkpoint):
         return AutoTokenizer.from_pretrained(ckpt.hf_dir)
     except Exception as e:  # transformers raises many kinds for a broken directory
         raise CheckpointError(f"could not load the tokenizer from {ckpt.hf_dir}: {e}") from e
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
+    """Token ids of a prompt, wrapped in the model's chat template when `chat` and it has one."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                            add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    return tokenizer(prompt).input_ids
 
 
 def eos_token_ids(ckpt: Checkpoint, tokenizer) -> tuple[int, ...]:
@@ -47,7 +56,9 @@ def build_drafter(config: EngineConfig, ckpt: Checkpoint, progress: bool = True)
 
         return NgramDrafter(max_ngram=d.max_ngram)
     if d.kind == "remote":
-        raise HetspecError(f"drafter at {d.address}: {REMOTE_NOT_AVAILABLE}")
+        from orchestrator.drafters.remote import RemoteDrafter
+
+        return RemoteDrafter(d.address, d.remote_channel, timeout_s=d.remote_timeout_s)
     draft_ckpt = ckpt if d.model is None else resolve(d.model)
     if d.kind == "torch":
         from orchestrator.drafters.torch_drafter import TorchDrafter
@@ -82,6 +93,8 @@ def build_engine(config: EngineConfig, progress: bool = True) -> tuple[Engine, C
     tokenizer = load_tokenizer(ckpt)
     target = build_target(config, ckpt)
     drafter = build_drafter(config, ckpt, progress=progress)
+    if drafter is not None and hasattr(drafter, "vocab_size") and config.drafter.kind == "remote":
+        drafter.vocab_size = target.vocab_size  # remote draft ids are checked against the target's vocabulary
     if drafter is not None and config.drafter.kv_handoff:
         drafter = with_kv_handoff(drafter, config.drafter, target)
     engine = Engine(target, tokenizer, drafter, num_speculative_tokens=config.num_speculative_tokens,

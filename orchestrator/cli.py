@@ -42,6 +42,22 @@ def _add_provider_arg(p: argparse.ArgumentParser) -> None:
                         "(repeatable; default CPUExecutionProvider)")
 
 
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """The per-request flags shared by `generate` and `client`."""
+    p.add_argument("--no-spec", action="store_true", help="target only, no speculation")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=4, help="draft length k")
+    p.add_argument("--max-new-tokens", type=_positive, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--raw", action="store_true", help="do not apply the model's chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    # unset: the profile's (generate) or the server's (client) k
+    p.set_defaults(num_speculative_tokens=None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hetspec", description="Speculative decoding across heterogeneous devices.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -50,20 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt")
     _add_model_args(g)
     g.add_argument("--drafter", choices=DRAFTERS[:2], default="onnx", help="draft source (default onnx INT4)")
-    g.add_argument("--no-spec", action="store_true", help="target only, no speculation")
-    g.add_argument("-k", "--num-speculative-tokens", type=int, default=4, help="draft length k")
+    add_sampling_args(g)
     g.add_argument("--adaptive-k", action="store_true",
                    help="vary the draft length per step: +2 after a full accept, -1 after a rejection")
-    g.add_argument("--max-new-tokens", type=_positive, default=128)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument("--raw", action="store_true", help="do not apply the model's chat template")
     g.add_argument("--device", default="cpu", help="target device, e.g. cpu or cuda:0")
     g.add_argument("--dtype", choices=DTYPES, default="float32", help="target dtype")
-    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     _add_drafter_args(g)
     g.add_argument("--kv-handoff", action="store_true", default=None,
                    help="start the ONNX self-drafter from the target's prefill K/V instead of its own prefill")
@@ -81,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_generate)
     e.set_defaults(func=_export)
     _add_profile_group(sub)
+    from orchestrator.server import cli as server_cli
+
+    server_cli.add_parsers(sub, add_sampling_args)  # serve, client, drafter serve
     # Further subcommands register themselves: add_parser(sub) puts a parser with
     # set_defaults(func=handler) on `sub`; handlers take the args and return an exit code.
     return parser
@@ -136,7 +146,7 @@ def _drafter_config(args, kind: str) -> DrafterConfig:
 
 
 def _generate(args) -> int:
-    from orchestrator.build import build_engine
+    from orchestrator.build import build_engine, encode_prompt
     from orchestrator.profiles.overrides import engine_config_from_args
 
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -148,44 +158,24 @@ def _generate(args) -> int:
     config = engine_config_from_args(args)
     kind = config.drafter.kind
     engine, ckpt = build_engine(config, progress=not args.json)
-    prompt_ids = _encode(engine.tokenizer, args.prompt, chat=not args.raw)
+    prompt_ids = encode_prompt(engine.tokenizer, args.prompt, chat=not args.raw)
 
     def stream(out):
         if not args.json:
             print(out.text, end="", flush=True)
 
     seq = engine.generate(prompt_ids, params, on_output=stream)
-    result = _result(seq, kind, config.num_speculative_tokens)
-    if args.json:
+    print_result(seq.result(kind if seq.k else "none"), as_json=args.json)
+    return 0
+
+
+def print_result(result: dict, as_json: bool) -> None:
+    """After streaming: one JSON object (--json), or a newline and the summary line on stderr."""
+    if as_json:
         print(json.dumps(result))
     else:
         print()
         print(_summary(result), file=sys.stderr)
-    return 0
-
-
-def _encode(tokenizer, prompt: str, chat: bool) -> list[int]:
-    if chat and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                            add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-    return tokenizer(prompt).input_ids
-
-
-def _result(seq, drafter: str, k: int) -> dict:
-    elapsed = (seq.finish_s or seq.arrival_s) - seq.arrival_s
-    stats = seq.stats.to_dict()
-    stats["tokens_per_s"] = len(seq.output_ids) / elapsed if elapsed > 0 else 0.0
-    stats["ttft_s"] = (seq.first_token_s or seq.arrival_s) - seq.arrival_s
-    stats["drafter"] = drafter
-    stats["k"] = k if drafter != "none" else 0
-    return {
-        "text": seq.text,
-        "token_ids": list(seq.output_ids),
-        "finish_reason": seq.finish_reason,
-        "usage": {"prompt_tokens": len(seq.prompt_ids), "completion_tokens": len(seq.output_ids)},
-        "stats": stats,
-    }
 
 
 def _summary(result: dict) -> str:

@@ -58,6 +58,8 @@ class DrafterConfig:
     dtype: str = "float32"  # torch drafter dtype
     max_kv_tokens: int | None = None  # torch drafter KV capacity; None = the target's
     address: str | None = None  # remote drafter host:port
+    remote_timeout_s: float = 5.0  # a remote drafter silent this long is dropped (target-only until it is back)
+    remote_channel: object = None  # remote drafter ChannelOptions (TLS, token); None = plaintext, no token
     # onnx self-drafter: start from the target's prefill K/V (sent as protocol blocks)
     # instead of running its own prefill
     kv_handoff: bool = False

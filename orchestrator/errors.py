@@ -1,8 +1,5 @@
 """Errors a user can act on. The CLI prints them as one line; anything else is a bug."""
 
-REMOTE_NOT_AVAILABLE = "remote drafters need `hetspec drafter serve`, which is not yet available"
-
-
 class HetspecError(Exception):
     """Base class: a problem with the input or the environment, not with hetspec."""
 

@@ -104,3 +104,20 @@ class Sequence:
     @property
     def remaining(self) -> int:
         return self.params.max_new_tokens - len(self.output_ids)
+
+    def result(self, drafter: str) -> dict:
+        """The request's outcome as `hetspec generate --json` prints it (and the gRPC final message carries)."""
+        elapsed = (self.finish_s or self.arrival_s) - self.arrival_s
+        stats = self.stats.to_dict()
+        stats["tokens_per_s"] = len(self.output_ids) / elapsed if elapsed > 0 else 0.0
+        stats["ttft_s"] = (self.first_token_s or self.arrival_s) - self.arrival_s
+        stats["drafter"] = drafter
+        stats["k"] = self.k if drafter != "none" else 0
+        stats["num_preemptions"] = self.num_preemptions
+        return {
+            "text": self.text,
+            "token_ids": list(self.output_ids),
+            "finish_reason": self.finish_reason,
+            "usage": {"prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.output_ids)},
+            "stats": stats,
+        }

@@ -145,14 +145,14 @@ def test_target_takes_a_declared_fallback_and_logs_why(tmp_path, caplog):
 
 
 def test_drafter_fallbacks_are_tried_depth_first(tmp_path):
-    drafters = {"far": {"kind": "remote", "address": "10.0.0.2:50061", "fallback": ["npu", "last"]},
+    drafters = {"far": {"kind": "torch", "device": MISSING_CUDA, "fallback": ["npu", "last"]},
                 "npu": {"kind": "torch", "device": MISSING_NPU, "fallback": ["lookup"]},
                 "lookup": {"kind": "ngram", "max_ngram": 2},
                 "last": {"kind": "onnx"}}
     plan = load_profile(write(tmp_path, base(drafters=drafters, speculation={"drafter": "far"}))).plan()
     assert plan.ok and plan.drafter == "lookup"
     assert [n for n, _ in plan.drafter_skipped] == ["far", "npu"]
-    assert "hetspec drafter serve" in plan.drafter_skipped[0][1]
+    assert MISSING_CUDA in plan.drafter_skipped[0][1]
     assert plan.engine_config().drafter.max_ngram == 2
 
 
@@ -162,9 +162,17 @@ def test_missing_device_without_fallback_cannot_run(tmp_path):
         profile.engine_config()
 
 
-def test_remote_drafter_profile_fails_plainly():
-    with pytest.raises(ProfileError, match="remote drafters need `hetspec drafter serve`, which is not yet"):
-        load_profile("remote-drafter").engine_config()
+def test_remote_drafter_profile_plans_the_remote_drafter(tmp_path, monkeypatch):
+    config = load_profile("remote-drafter").engine_config()
+    assert (config.drafter.kind, config.drafter.address) == ("remote", "127.0.0.1:50061")
+    assert not config.drafter.remote_channel.tls and config.drafter.remote_channel.token is None
+    drafters = {"far": {"kind": "remote", "address": "h:1", "ca_file": "/ca.pem", "token_env": "HETSPEC_T"}}
+    profile = load_profile(write(tmp_path, base(drafters=drafters, speculation={"drafter": "far"})))
+    with pytest.raises(ProfileError, match=r"token_env names \$HETSPEC_T, which is unset"):
+        profile.engine_config()
+    monkeypatch.setenv("HETSPEC_T", "s3cret")
+    channel = profile.engine_config().drafter.remote_channel
+    assert channel.tls and channel.ca_file == "/ca.pem" and channel.token == "s3cret"
 
 
 def test_onnx_drafter_device_picks_the_execution_provider(tmp_path):

@@ -6,7 +6,6 @@ from typing import Annotated, Literal, Union
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchestrator.config import DrafterConfig
-from orchestrator.errors import REMOTE_NOT_AVAILABLE
 DRAFTER_KINDS = ("onnx", "torch", "ngram", "remote")
 Dtype = Literal["float32", "float16", "bfloat16"]
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -145,11 +144,19 @@ class NgramDrafterSpec(_DrafterBase):
 
 
 class RemoteDrafterSpec(_DrafterBase):
-    """A drafter in another process or host, over gRPC (`hetspec drafter serve`: not yet available)."""
+    """A drafter in another process or host, served by `hetspec drafter serve`, over gRPC.
+
+    Whether it answers is only known at run time: until it does (and whenever it dies or
+    stalls past `timeout_s`) the engine runs target-only and keeps reconnecting.
+    """
 
     kind: Literal["remote"]
     address: str  # host:port
-    tls: bool = False
+    tls: bool = False  # TLS with the system's roots, or `ca_file`
+    ca_file: str | None = None  # trust this CA for the drafter's certificate (implies TLS)
+    cert_file: str | None = None  # client certificate, for drafters that require one
+    key_file: str | None = None
+    token_env: str | None = None  # environment variable holding the drafter's bearer token
     timeout_s: Annotated[float, Field(gt=0)] = 5.0
 
     @field_validator("address")
@@ -160,14 +167,27 @@ class RemoteDrafterSpec(_DrafterBase):
             raise ValueError(f"expected host:port with a port in 1..65535, got {v!r}")
         return v
 
+    @model_validator(mode="after")
+    def _client_cert_pair(self):
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
     def describe(self) -> str:
-        return f"remote at {self.address}{' (TLS)' if self.tls else ''}"
+        secure = " (TLS)" if self.tls or self.ca_file else ""
+        return f"remote at {self.address}{secure}, target-only while it does not answer within {self.timeout_s:g} s"
 
     def unavailable_reason(self) -> str:
-        return REMOTE_NOT_AVAILABLE
+        return ""  # reachability is a run-time matter: the engine fails over and reconnects
 
     def drafter_config(self) -> DrafterConfig:
-        return DrafterConfig(kind="remote", address=self.address)
+        from orchestrator.server.grpc_util import ChannelOptions, token_from_env
+
+        channel = ChannelOptions(tls=self.tls or self.ca_file is not None, ca_file=self.ca_file,
+                                 cert_file=self.cert_file, key_file=self.key_file,
+                                 token=token_from_env(self.token_env, "drafters.*.token_env"))
+        return DrafterConfig(kind="remote", address=self.address, remote_timeout_s=self.timeout_s,
+                             remote_channel=channel)
 
 
 DrafterSpec = Annotated[Union[OnnxDrafterSpec, TorchDrafterSpec, NgramDrafterSpec, RemoteDrafterSpec],
@@ -219,7 +239,8 @@ class ServerSpec(Section):
     host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 50051
     drafter_port: Annotated[int, Field(ge=1, le=65535)] = 50061
-    max_concurrent_requests: PositiveInt = 16
+    max_concurrent_requests: PositiveInt = 16  # more at once are refused with RESOURCE_EXHAUSTED
+    max_new_tokens: PositiveInt = 4096  # per-request limit on max_new_tokens
     tls: TlsSpec | None = None
     auth_token_env: str | None = None
 

@@ -1,0 +1,162 @@
+"""`hetspec.v1.Drafter`: a local drafter served to remote target engines, one session per stream.
+
+Each Session stream belongs to one target engine. Frames are answered in order; sequence
+ids are the engine's and are mapped to ids unique in this process, so several engines can
+share one drafter. When a stream ends (closed, cancelled, broken), its sequences are freed.
+A malformed frame ends the stream with INVALID_ARGUMENT naming the field.
+"""
+
+import itertools
+import math
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import grpc
+import torch
+
+from orchestrator.drafters.base import Drafter
+from orchestrator.errors import InvalidRequestError
+from orchestrator.server.grpc_util import lenient
+from protocol import codec, inline
+from protocol.pb import blocks_pb2
+from protocol.pb import drafter_pb2 as pb
+
+SERVICE = "hetspec.v1.Drafter"
+MAX_DRAFT = 32
+MAX_SEQUENCES_PER_SESSION = 1024
+
+
+@dataclass
+class _Seq:
+    local_id: int
+    num_committed: int
+    last_draft: list[int] = field(default_factory=list)
+    generator: torch.Generator | None = None
+
+
+class DrafterServicer:
+    """Serves one local drafter (ONNX, torch, n-gram) to any number of sessions."""
+
+    def __init__(self, drafter: Drafter, vocab_size: int | None, max_prompt_tokens: int = 1 << 16):
+        self.drafter = drafter
+        self.vocab_size = vocab_size
+        self.max_prompt_tokens = max_prompt_tokens
+        self._lock = threading.Lock()  # the drafter's state is not thread-safe
+        self._ids = itertools.count()
+        self.num_sessions = 0
+
+    def register(self, server: grpc.Server) -> str:
+        handler = grpc.stream_stream_rpc_method_handler(
+            self.Session, request_deserializer=lenient(pb.DrafterRequest),
+            response_serializer=pb.DrafterResponse.SerializeToString)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Session": handler}),))
+        return SERVICE
+
+    def Session(self, requests: Iterator[pb.DrafterRequest], context: grpc.ServicerContext) -> Iterator[pb.DrafterResponse]:
+        seqs: dict[int, _Seq] = {}
+        self.num_sessions += 1
+        try:
+            for frame in requests:
+                if frame.protocol_version != blocks_pb2.PROTOCOL_VERSION_1:
+                    raise InvalidRequestError(f"protocol_version: {frame.protocol_version} is not supported "
+                                              f"(expected PROTOCOL_VERSION_1)")
+                yield self._answer(frame, seqs)
+        finally:
+            with self._lock:
+                for seq in seqs.values():
+                    self.drafter.finish(seq.local_id)
+
+    def _answer(self, frame: pb.DrafterRequest, seqs: dict[int, _Seq]) -> pb.DrafterResponse:
+        body = frame.WhichOneof("body")
+        reply = pb.DrafterResponse(protocol_version=blocks_pb2.PROTOCOL_VERSION_1, request_id=frame.request_id)
+        with self._lock:
+            if body == "propose":
+                t0 = time.perf_counter_ns()
+                proposals = [self._propose(r, seqs, f"propose.requests[{i}]")
+                             for i, r in enumerate(frame.propose.requests)]
+                reply.proposals.proposals.extend(proposals)
+                reply.proposals.compute_ns = time.perf_counter_ns() - t0
+            elif body == "verify":
+                for i, r in enumerate(frame.verify.results):
+                    self._verify(r, seqs, f"verify.results[{i}]")
+                reply.ack.SetInParent()
+            elif body == "open":
+                reply.ack.num_tokens = self._open(frame.open, seqs)
+            elif body == "close":
+                seq = seqs.pop(frame.close.sequence_id, None)
+                if seq is not None:
+                    self.drafter.finish(seq.local_id)
+                reply.ack.SetInParent()
+            else:
+                raise InvalidRequestError("body: empty frame (expected open, propose, verify or close)")
+        return reply
+
+    def _open(self, m: pb.OpenSequence, seqs: dict[int, _Seq]) -> int:
+        if m.sequence_id in seqs:
+            raise InvalidRequestError(f"open.sequence_id: {m.sequence_id} is already open in this session")
+        if len(seqs) >= MAX_SEQUENCES_PER_SESSION:
+            raise InvalidRequestError(f"open: a session holds at most {MAX_SEQUENCES_PER_SESSION} sequences")
+        ids = list(m.prompt_ids)
+        if not 1 <= len(ids) <= self.max_prompt_tokens:
+            raise InvalidRequestError(f"open.prompt_ids: needs 1..{self.max_prompt_tokens} tokens, got {len(ids)}")
+        self._check_ids(ids, "open.prompt_ids")
+        if m.kv_blocks:
+            raise InvalidRequestError("open.kv_blocks: this drafter server does not take KV blocks; send prompt_ids only")
+        seq = _Seq(local_id=next(self._ids), num_committed=len(ids))
+        if m.HasField("seed"):
+            seq.generator = torch.Generator().manual_seed(m.seed)
+        self.drafter.start(seq.local_id, ids)
+        seqs[m.sequence_id] = seq
+        return len(ids)
+
+    def _propose(self, r: pb.DraftRequest, seqs: dict[int, _Seq], where: str) -> pb.DraftProposal:
+        seq = self._seq(r.sequence_id, seqs, where)
+        if not 1 <= r.num_draft <= MAX_DRAFT:
+            raise InvalidRequestError(f"{where}.num_draft: must be in [1, {MAX_DRAFT}], got {r.num_draft}")
+        if not (math.isfinite(r.temperature) and r.temperature >= 0):
+            raise InvalidRequestError(f"{where}.temperature: must be finite and >= 0, got {r.temperature}")
+        top_p = r.top_p or 1.0
+        if not (math.isfinite(top_p) and 0 < top_p <= 1):
+            raise InvalidRequestError(f"{where}.top_p: must be in (0, 1], got {r.top_p}")
+        draft = self.drafter.propose(seq.local_id, r.num_draft, r.temperature, r.top_k, top_p, seq.generator)
+        seq.last_draft = list(draft.draft_ids)
+        out = pb.DraftProposal(sequence_id=r.sequence_id, draft_ids=draft.draft_ids)
+        if r.want_probs and draft.draft_probs is not None:
+            probs = draft.draft_probs.to(torch.float32).contiguous()  # [num_draft, vocab]
+            enc = codec.encode(probs, kind=blocks_pb2.TENSOR_KIND_DRAFT_PROBS, layout=blocks_pb2.LAYOUT_TOKENS_VOCAB,
+                               sequence_id=r.sequence_id, tokens=(seq.num_committed, seq.num_committed + len(draft.draft_ids)))
+            out.draft_probs.CopyFrom(inline.to_block(enc))
+        return out
+
+    def _verify(self, r: pb.VerifyResult, seqs: dict[int, _Seq], where: str) -> None:
+        seq = self._seq(r.sequence_id, seqs, where)
+        if r.rollback_to > seq.num_committed:
+            raise InvalidRequestError(f"{where}.rollback_to: {r.rollback_to} is past the {seq.num_committed} "
+                                      f"committed tokens")
+        if r.num_accepted > len(seq.last_draft):
+            raise InvalidRequestError(f"{where}.num_accepted: {r.num_accepted} exceeds the last proposal's "
+                                      f"{len(seq.last_draft)} tokens")
+        append = seq.last_draft[:r.num_accepted] + ([r.bonus_token_id] if r.HasField("bonus_token_id") else [])
+        append += list(r.append_ids)
+        self._check_ids(append, f"{where}.bonus_token_id/append_ids")
+        if r.rollback_to < seq.num_committed:
+            self.drafter.rollback(seq.local_id, seq.num_committed - r.rollback_to)
+        if r.rollback_to == 0 and not append:
+            raise InvalidRequestError(f"{where}: would leave the sequence without tokens")
+        if append:
+            self.drafter.extend(seq.local_id, append)
+        seq.num_committed = r.rollback_to + len(append)
+        seq.last_draft = []
+
+    def _seq(self, sequence_id: int, seqs: dict[int, _Seq], where: str) -> _Seq:
+        try:
+            return seqs[sequence_id]
+        except KeyError:
+            raise InvalidRequestError(f"{where}.sequence_id: {sequence_id} is not open in this session") from None
+
+    def _check_ids(self, ids: list[int], where: str) -> None:
+        limit = self.vocab_size
+        if any(t < 0 or (limit is not None and t >= limit) for t in ids):
+            raise InvalidRequestError(f"{where}: token ids must be in [0, {limit})")
