@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from orchestrator.config import EngineConfig
-from orchestrator.errors import ProfileError
+from orchestrator.errors import HetspecError, ProfileError
 from orchestrator.profiles import load_profile, shipped_profiles
 from orchestrator.profiles.overrides import engine_config_from_args
 
@@ -168,7 +168,7 @@ def test_remote_drafter_profile_plans_the_remote_drafter(tmp_path, monkeypatch):
     assert not config.drafter.remote_channel.tls and config.drafter.remote_channel.token is None
     drafters = {"far": {"kind": "remote", "address": "h:1", "ca_file": "/ca.pem", "token_env": "HETSPEC_T"}}
     profile = load_profile(write(tmp_path, base(drafters=drafters, speculation={"drafter": "far"})))
-    with pytest.raises(ProfileError, match=r"token_env names \$HETSPEC_T, which is unset"):
+    with pytest.raises(HetspecError, match=r"token_env names \$HETSPEC_T, which is unset"):
         profile.engine_config()
     monkeypatch.setenv("HETSPEC_T", "s3cret")
     channel = profile.engine_config().drafter.remote_channel
