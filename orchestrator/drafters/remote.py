@@ -245,9 +245,8 @@ class RemoteDrafter(Drafter):
             if any(t < 0 or (self.vocab_size is not None and t >= self.vocab_size) for t in ids):
                 raise BlockError(f"{where}.draft_ids", f"token ids must be in [0, {self.vocab_size})")
             probs = None
-            if r.temperature > 0 and ids:
-                if not p.HasField("draft_probs"):
-                    raise BlockError(f"{where}.draft_probs", "missing for sampled drafts")
+            # without a block the drafts are one-hot (a greedy drafter such as n-gram), as locally
+            if r.temperature > 0 and ids and p.HasField("draft_probs"):
                 probs = self._probs(p.draft_probs, len(ids), f"{where}.draft_probs")
             self._seqs[r.seq_id].last_draft = ids
             out[r.seq_id] = DraftProposal(draft_ids=ids, draft_probs=probs)

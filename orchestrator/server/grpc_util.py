@@ -223,6 +223,8 @@ def _wrap_stream_in(behavior, streaming_out: bool):
 def _abort(context: grpc.ServicerContext, e: Exception) -> None:
     if context.code() is not None and context.code() != grpc.StatusCode.OK:  # already aborted
         raise e
+    if not context.is_active():  # the client cancelled or its deadline passed: nobody to tell
+        return
     code, details = status_for(e)
     if code is grpc.StatusCode.INTERNAL:
         log.error("internal error in a request", exc_info=e)
