@@ -7,10 +7,10 @@ every step runs target-only (empty drafts marked `unavailable`; greedy output is
 and once the channel is ready again a new session re-opens the live sequences from the
 mirror and speculation resumes. Reconnects back off exponentially.
 
-Frames per engine step: the sequences' verify results since the last step go as one
-VerifyBatch, new sequences as OpenSequence frames (opened lazily, at their first draft, so
-a sampled request's seed can travel with them), then one ProposeBatch; responses come back
-in order and only the proposals are waited for.
+Frames per engine step: new sequences as OpenSequence frames (opened lazily, at their first
+draft, so a sampled request's seed can travel with them), then one ProposeBatch carrying the
+verify results since the last step and this step's draft requests; answers come back in
+order, and only the proposals are waited for. Usually that is one frame and one answer.
 """
 
 import itertools
@@ -48,41 +48,52 @@ class _Mirror:
 
 
 class _Session:
-    """One bidirectional stream: frames go through a queue, answers come back through another."""
+    """One bidirectional stream. Frames go out through a queue (gRPC's sender thread drains
+    it); answers are read on the caller's thread, with a watchdog that cancels the call when
+    one is overdue, so a round trip costs no extra thread hand-off."""
+
+    WATCH_EVERY_S = 0.02
 
     def __init__(self, stub: drafter_pb2_grpc.DrafterStub, metadata: tuple):
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._responses: queue.SimpleQueue = queue.SimpleQueue()
         self.call = stub.Session(self._frames(), metadata=metadata)
-        threading.Thread(target=self._read, name="hetspec-remote-drafter", daemon=True).start()
+        self._deadline: float | None = None  # while a receive waits
+        self._stalled = False
+        self._closed = threading.Event()
+        threading.Thread(target=self._watch, name="hetspec-remote-drafter-watchdog", daemon=True).start()
 
     def _frames(self):
         while (frame := self._requests.get()) is not None:
             yield frame
 
-    def _read(self) -> None:
-        try:
-            for response in self.call:
-                self._responses.put(response)
-            self._responses.put(DrafterFailure("the drafter ended the session"))
-        except grpc.RpcError as e:
-            self._responses.put(DrafterFailure(f"{e.code().name}: {e.details()}"))
-        except Exception as e:  # a response the client cannot parse
-            self._responses.put(DrafterFailure(f"unreadable answer: {e}"))
+    def _watch(self) -> None:
+        while not self._closed.wait(self.WATCH_EVERY_S):
+            deadline = self._deadline
+            if deadline is not None and time.perf_counter() > deadline:
+                self._stalled = True
+                self.call.cancel()
+                return
 
     def send(self, frame: pb.DrafterRequest) -> None:
         self._requests.put(frame)
 
     def receive(self, timeout: float) -> pb.DrafterResponse:
+        self._deadline = time.perf_counter() + max(timeout, 0.0)
         try:
-            item = self._responses.get(timeout=max(timeout, 0.0))
-        except queue.Empty:
-            raise DrafterFailure(f"no answer within {timeout:.1f} s (stalled)") from None
-        if isinstance(item, DrafterFailure):
-            raise item
-        return item
+            return next(self.call)
+        except StopIteration:
+            raise DrafterFailure("the drafter ended the session") from None
+        except grpc.RpcError as e:
+            if self._stalled:
+                raise DrafterFailure(f"no answer within {timeout:.1f} s (stalled)") from None
+            raise DrafterFailure(f"{e.code().name}: {e.details()}") from None
+        except Exception as e:  # an answer the client cannot parse
+            raise DrafterFailure(f"unreadable answer: {e}") from None
+        finally:
+            self._deadline = None
 
     def close(self) -> None:
+        self._closed.set()
         self._requests.put(None)
         self.call.cancel()
 
@@ -205,10 +216,10 @@ class RemoteDrafter(Drafter):
                 self._send(pb.DrafterRequest(open=open_))
                 m.opened = True
                 opened_tokens += len(m.committed)
-        self._flush_verify()
-        batch = pb.ProposeBatch(requests=[
+        batch = pb.ProposeBatch(results=self._verify, requests=[
             pb.DraftRequest(sequence_id=r.seq_id, num_draft=r.k, want_probs=r.temperature > 0,
                             temperature=r.temperature, top_k=r.top_k, top_p=r.top_p) for r in requests])
+        self._verify = []
         self._send(pb.DrafterRequest(propose=batch))
         # opening sequences makes the drafter prefill them: allow for it
         deadline = time.perf_counter() + self.timeout_s + self.prefill_allowance * opened_tokens

@@ -73,6 +73,8 @@ class DrafterServicer:
         reply = pb.DrafterResponse(protocol_version=blocks_pb2.PROTOCOL_VERSION_1, request_id=frame.request_id)
         with self._lock:
             if body == "propose":
+                for i, r in enumerate(frame.propose.results):
+                    self._verify(r, seqs, f"propose.results[{i}]")
                 t0 = time.perf_counter_ns()
                 proposals = [self._propose(r, seqs, f"propose.requests[{i}]")
                              for i, r in enumerate(frame.propose.requests)]

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protocol.pb import blocks_pb2 as protocol_dot_pb_dot_blocks__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19protocol/pb/drafter.proto\x12\nhetspec.v1\x1a\x18protocol/pb/blocks.proto\"y\n\x0cOpenSequence\x12\x13\n\x0bsequence_id\x18\x01 \x01(\x04\x12\x12\n\nprompt_ids\x18\x02 \x03(\x05\x12$\n\tkv_blocks\x18\x03 \x03(\x0b\x32\x11.hetspec.v1.Block\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"}\n\x0c\x44raftRequest\x12\x13\n\x0bsequence_id\x18\x01 \x01(\x04\x12\x11\n\tnum_draft\x18\x02 \x01(\r\x12\x12\n\nwant_probs\x18\x03 \x01(\x08\x12\x13\n\x0btemperature\x18\x04 \x01(\x01\x12\r\n\x05top_k\x18\x05 \x01(\r\x12\r\n\x05top_p\x18\x06 \x01(\x01\"_\n\rDraftProposal\x12\x13\n\x0bsequence_id\x18\x01 \x01(\x04\x12\x11\n\tdraft_ids\x18\x02 \x03(\x05\x12&\n\x0b\x64raft_probs\x18\x03 \x01(\x0b\x32\x11.hetspec.v1.Block\"\xbc\x01\n\x0cVerifyResult\x12\x13\n\x0bsequence_id\x18\x01 \x01(\x04\x12\x14\n\x0cnum_accepted\x18\x02 \x01(\r\x12\x1b\n\x0e\x62onus_token_id\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x0brollback_to\x18\x04 \x01(\x04\x12(\n\rhidden_states\x18\x05 \x01(\x0b\x32\x11.hetspec.v1.Block\x12\x12\n\nappend_ids\x18\x06 \x03(\x05\x42\x11\n\x0f_bonus_token_id\"$\n\rCloseSequence\x12\x13\n\x0bsequence_id\x18\x01 \x01(\x04\"\x91\x02\n\x0e\x44rafterRequest\x12\x35\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x1b.hetspec.v1.ProtocolVersion\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12(\n\x04open\x18\x03 \x01(\x0b\x32\x18.hetspec.v1.OpenSequenceH\x00\x12+\n\x07propose\x18\x04 \x01(\x0b\x32\x18.hetspec.v1.ProposeBatchH\x00\x12)\n\x06verify\x18\x05 \x01(\x0b\x32\x17.hetspec.v1.VerifyBatchH\x00\x12*\n\x05\x63lose\x18\x06 \x01(\x0b\x32\x19.hetspec.v1.CloseSequenceH\x00\x42\x06\n\x04\x62ody\":\n\x0cProposeBatch\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.hetspec.v1.DraftRequest\"8\n\x0bVerifyBatch\x12)\n\x07results\x18\x01 \x03(\x0b\x32\x18.hetspec.v1.VerifyResult\"Q\n\rProposalBatch\x12,\n\tproposals\x18\x01 \x03(\x0b\x32\x19.hetspec.v1.DraftProposal\x12\x12\n\ncompute_ns\x18\x02 \x01(\x04\"\xb4\x01\n\x0f\x44rafterResponse\x12\x35\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x1b.hetspec.v1.ProtocolVersion\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12.\n\tproposals\x18\x03 \x01(\x0b\x32\x19.hetspec.v1.ProposalBatchH\x00\x12\x1e\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x0f.hetspec.v1.AckH\x00\x42\x06\n\x04\x62ody\"\x19\n\x03\x41\x63k\x12\x12\n\nnum_tokens\x18\x01 \x01(\r2Q\n\x07\x44rafter\x12\x46\n\x07Session\x12\x1a.hetspec.v1.DrafterRequest\x1a\x1b.hetspec.v1.DrafterResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19protocol/pb/drafter.proto\x12\nhetspec.v1\x1a\x18protocol/pb/blocks.proto\"y\n\x0cOpenSequence\x12\x13\n\x0bsequence_id\x18\x01 \x01(\x04\x12\x12\n\nprompt_ids\x18\x02 \x03(\x05\x12$\n\tkv_blocks\x18\x03 \x03(\x0b\x32\x11.hetspec.v1.Block\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"}\n\x0c\x44raftRequest\x12\x13\n\x0bsequence_id\x18\x01 \x01(\x04\x12\x11\n\tnum_draft\x18\x02 \x01(\r\x12\x12\n\nwant_probs\x18\x03 \x01(\x08\x12\x13\n\x0btemperature\x18\x04 \x01(\x01\x12\r\n\x05top_k\x18\x05 \x01(\r\x12\r\n\x05top_p\x18\x06 \x01(\x01\"_\n\rDraftProposal\x12\x13\n\x0bsequence_id\x18\x01 \x01(\x04\x12\x11\n\tdraft_ids\x18\x02 \x03(\x05\x12&\n\x0b\x64raft_probs\x18\x03 \x01(\x0b\x32\x11.hetspec.v1.Block\"\xbc\x01\n\x0cVerifyResult\x12\x13\n\x0bsequence_id\x18\x01 \x01(\x04\x12\x14\n\x0cnum_accepted\x18\x02 \x01(\r\x12\x1b\n\x0e\x62onus_token_id\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x0brollback_to\x18\x04 \x01(\x04\x12(\n\rhidden_states\x18\x05 \x01(\x0b\x32\x11.hetspec.v1.Block\x12\x12\n\nappend_ids\x18\x06 \x03(\x05\x42\x11\n\x0f_bonus_token_id\"$\n\rCloseSequence\x12\x13\n\x0bsequence_id\x18\x01 \x01(\x04\"\x91\x02\n\x0e\x44rafterRequest\x12\x35\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x1b.hetspec.v1.ProtocolVersion\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12(\n\x04open\x18\x03 \x01(\x0b\x32\x18.hetspec.v1.OpenSequenceH\x00\x12+\n\x07propose\x18\x04 \x01(\x0b\x32\x18.hetspec.v1.ProposeBatchH\x00\x12)\n\x06verify\x18\x05 \x01(\x0b\x32\x17.hetspec.v1.VerifyBatchH\x00\x12*\n\x05\x63lose\x18\x06 \x01(\x0b\x32\x19.hetspec.v1.CloseSequenceH\x00\x42\x06\n\x04\x62ody\"e\n\x0cProposeBatch\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.hetspec.v1.DraftRequest\x12)\n\x07results\x18\x02 \x03(\x0b\x32\x18.hetspec.v1.VerifyResult\"8\n\x0bVerifyBatch\x12)\n\x07results\x18\x01 \x03(\x0b\x32\x18.hetspec.v1.VerifyResult\"Q\n\rProposalBatch\x12,\n\tproposals\x18\x01 \x03(\x0b\x32\x19.hetspec.v1.DraftProposal\x12\x12\n\ncompute_ns\x18\x02 \x01(\x04\"\xb4\x01\n\x0f\x44rafterResponse\x12\x35\n\x10protocol_version\x18\x01 \x01(\x0e\x32\x1b.hetspec.v1.ProtocolVersion\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12.\n\tproposals\x18\x03 \x01(\x0b\x32\x19.hetspec.v1.ProposalBatchH\x00\x12\x1e\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x0f.hetspec.v1.AckH\x00\x42\x06\n\x04\x62ody\"\x19\n\x03\x41\x63k\x12\x12\n\nnum_tokens\x18\x01 \x01(\r2Q\n\x07\x44rafter\x12\x46\n\x07Session\x12\x1a.hetspec.v1.DrafterRequest\x1a\x1b.hetspec.v1.DrafterResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,15 +45,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DRAFTERREQUEST']._serialized_start=644
   _globals['_DRAFTERREQUEST']._serialized_end=917
   _globals['_PROPOSEBATCH']._serialized_start=919
-  _globals['_PROPOSEBATCH']._serialized_end=977
-  _globals['_VERIFYBATCH']._serialized_start=979
-  _globals['_VERIFYBATCH']._serialized_end=1035
-  _globals['_PROPOSALBATCH']._serialized_start=1037
-  _globals['_PROPOSALBATCH']._serialized_end=1118
-  _globals['_DRAFTERRESPONSE']._serialized_start=1121
-  _globals['_DRAFTERRESPONSE']._serialized_end=1301
-  _globals['_ACK']._serialized_start=1303
-  _globals['_ACK']._serialized_end=1328
-  _globals['_DRAFTER']._serialized_start=1330
-  _globals['_DRAFTER']._serialized_end=1411
+  _globals['_PROPOSEBATCH']._serialized_end=1020
+  _globals['_VERIFYBATCH']._serialized_start=1022
+  _globals['_VERIFYBATCH']._serialized_end=1078
+  _globals['_PROPOSALBATCH']._serialized_start=1080
+  _globals['_PROPOSALBATCH']._serialized_end=1161
+  _globals['_DRAFTERRESPONSE']._serialized_start=1164
+  _globals['_DRAFTERRESPONSE']._serialized_end=1344
+  _globals['_ACK']._serialized_start=1346
+  _globals['_ACK']._serialized_end=1371
+  _globals['_DRAFTER']._serialized_start=1373
+  _globals['_DRAFTER']._serialized_end=1454
 # @@protoc_insertion_point(module_scope)

@@ -84,10 +84,12 @@ class DrafterRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[_Union[_blocks_pb2.ProtocolVersion, str]] = ..., request_id: _Optional[int] = ..., open: _Optional[_Union[OpenSequence, _Mapping]] = ..., propose: _Optional[_Union[ProposeBatch, _Mapping]] = ..., verify: _Optional[_Union[VerifyBatch, _Mapping]] = ..., close: _Optional[_Union[CloseSequence, _Mapping]] = ...) -> None: ...
 
 class ProposeBatch(_message.Message):
-    __slots__ = ("requests",)
+    __slots__ = ("requests", "results")
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     requests: _containers.RepeatedCompositeFieldContainer[DraftRequest]
-    def __init__(self, requests: _Optional[_Iterable[_Union[DraftRequest, _Mapping]]] = ...) -> None: ...
+    results: _containers.RepeatedCompositeFieldContainer[VerifyResult]
+    def __init__(self, requests: _Optional[_Iterable[_Union[DraftRequest, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ...) -> None: ...
 
 class VerifyBatch(_message.Message):
     __slots__ = ("results",)
