@@ -207,6 +207,11 @@ def test_reflection_lists_the_services(servers):
         (answer,) = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
         names = {s.name for s in answer.list_services_response.service}
     assert {"hetspec.v1.Generation", "grpc.health.v1.Health"} <= names
+    with grpc.insecure_channel(servers["remote"].address) as ch:  # what grpcurl asks for next
+        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+        (answer,) = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
+            file_containing_symbol="hetspec.v1.Generation")]))
+        assert answer.file_descriptor_response.file_descriptor_proto
     with grpc.insecure_channel(servers["drafter"].address) as ch:
         stub = reflection_pb2_grpc.ServerReflectionStub(ch)
         (answer,) = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
