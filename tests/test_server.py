@@ -222,7 +222,7 @@ def test_sigkill_of_the_drafter_mid_stream_keeps_every_stream_exact_then_specula
     """Last on purpose: it kills the module's drafter worker (and starts a new one)."""
     prompts = [PROMPTS[0], PROMPTS[4], GROUNDED, PROMPTS[9]]
     n = 64
-    results, first = {}, threading.Barrier(len(prompts) + 1)
+    results, first = {}, threading.Barrier(len(prompts) + 1, timeout=300)
     with client(servers["remote"]) as c:
         def run(i):
             ids, final = [], None

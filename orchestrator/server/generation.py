@@ -157,8 +157,7 @@ class EngineLoop:
             num_running=len(e.scheduler.running), num_waiting=len(e.scheduler.waiting), num_steps=e.num_steps,
             drafter=self.drafter_kind if drafter is not None else "none", drafter_state=state,
             drafter_reconnects=getattr(drafter, "num_reconnects", 0),
-            preemptions_swap=getattr(e, "num_preemptions_swap", 0),
-            preemptions_recompute=getattr(e, "num_preemptions_recompute", 0),
+            preemptions_swap=e.num_preemptions_swap, preemptions_recompute=e.num_preemptions_recompute,
             max_concurrent_requests=self.max_active, num_active_requests=self._active)
 
 
