@@ -85,6 +85,15 @@ def test_client_json_equals_generate_json_in_process_and_remote_drafter(servers)
     assert r.returncode == 0 and r.stdout == want["text"] + "\n" and "tok/s" in r.stderr
 
 
+def test_sampling_through_the_remote_drafter_carries_draft_probabilities_and_is_seeded(servers):
+    with client(servers["remote"]) as c:
+        runs = [c.generate(PROMPTS[0], max_new_tokens=20, temperature=0.8, top_p=0.95, seed=11, ignore_eos=True)
+                for _ in range(2)]
+    # drafts sampled remotely arrive with their q as DRAFT_PROBS blocks, checked before use
+    assert runs[0]["stats"]["num_drafted"] > 0 and runs[0]["stats"]["num_fallback_steps"] == 0
+    assert runs[0]["token_ids"] == runs[1]["token_ids"]  # the seed reaches both the target and the drafter
+
+
 def test_sixteen_concurrent_streams_are_correct_and_the_pool_is_whole_after(servers, reference):
     prompts = (PROMPTS + [GROUNDED] * 4)[:16]
     results: dict[int, dict] = {}
