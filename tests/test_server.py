@@ -50,7 +50,8 @@ def servers(tmp_path_factory):
     remote = Server("serve", "--profile", str(write_profile(tmp / "remote.yaml", {
         "kind": "remote", "address": f"127.0.0.1:{drafter_port}", "timeout_s": 10.0})), "--port", "0")
     local = Server("serve", "--profile", str(write_profile(tmp / "local.yaml", ONNX,
-                                                            server={"max_concurrent_requests": 4})), "--port", "0")
+                                                            server={"max_concurrent_requests": 4})), "--port", "0",
+                   "--metrics-port", "0")
     box = {"drafter": drafter, "remote": remote, "local": local, "drafter_port": drafter_port}
     yield box
     for s in box.values():
@@ -206,6 +207,20 @@ def test_more_concurrent_requests_than_the_limit_are_refused_with_resource_exhau
             s.close()
         wait_until(lambda: c.status().num_active_requests == 0)
         assert c.generate(PROMPTS[5], max_new_tokens=4)["usage"]["completion_tokens"] == 4
+
+
+def test_prometheus_metrics_are_served(servers):
+    import re
+    import urllib.request
+
+    server = servers["local"]
+    (port,) = [int(m[1]) for line in server.lines if (m := re.search(r"metrics on http://[\d.]+:(\d+)/metrics", line))]
+    with client(server) as c:
+        c.generate(PROMPTS[8], max_new_tokens=8)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    values = {m[1]: float(m[2]) for m in re.finditer(r"^(hetspec_\w+) ([\d.e+-]+)$", text, re.M)}
+    assert values["hetspec_draft_tokens_total"] > 0 and values["hetspec_verify_steps_total"] > 0
+    assert values["hetspec_kv_blocks_total"] > 0 and values["hetspec_step_seconds_count"] > 0
 
 
 def test_reflection_lists_the_services(servers):

@@ -21,7 +21,7 @@ _BUCKETS = tuple(1e-4 * 2 ** i for i in range(18))
 class EngineMetrics:
     """Collectors for one engine in `registry` (a fresh registry by default)."""
 
-    def __init__(self, engine, registry: CollectorRegistry | None = None):
+    def __init__(self, engine, registry: CollectorRegistry | None = None, keep_spans: bool = True):
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.draft_tokens = Counter("hetspec_draft_tokens", "Draft tokens proposed", registry=r)
@@ -39,6 +39,7 @@ class EngineMetrics:
                                        ["phase", "device", "role"], buckets=_BUCKETS, registry=r)
         self._gauges(engine)
         engine.tracer.enabled = True
+        engine.tracer.keep = keep_spans  # a server: metrics only, no span history
         engine.tracer.flush_listeners.append(self.observe_step)
 
     def _gauges(self, engine) -> None:

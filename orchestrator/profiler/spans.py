@@ -116,10 +116,13 @@ class Tracer:
 
     `listeners` get each span as it is recorded; `flush_listeners` get the list of spans that
     one `flush()` resolved (the engine flushes once per step, so that is one step's spans).
+    `keep=False` hands spans to the listeners only (a long-running server's metrics), instead
+    of also collecting them in `spans` for a profiling run.
     """
 
-    def __init__(self, enabled: bool = True):
+    def __init__(self, enabled: bool = True, keep: bool = True):
         self.enabled = enabled
+        self.keep = keep
         self.spans: list[Span] = []
         self.listeners: list[Callable[[Span], None]] = []
         self.flush_listeners: list[Callable[[list[Span]], None]] = []
@@ -163,7 +166,8 @@ class Tracer:
         return spans
 
     def _emit(self, span: Span) -> None:
-        self.spans.append(span)
+        if self.keep:
+            self.spans.append(span)
         for listener in self.listeners:
             listener(span)
 

@@ -241,6 +241,7 @@ class ServerSpec(Section):
     drafter_port: Annotated[int, Field(ge=1, le=65535)] = 50061
     max_concurrent_requests: PositiveInt = 16  # more at once are refused with RESOURCE_EXHAUSTED
     max_new_tokens: PositiveInt = 4096  # per-request limit on max_new_tokens
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = None  # Prometheus /metrics on host:port; None = off
     tls: TlsSpec | None = None
     auth_token_env: str | None = None
 

@@ -15,6 +15,9 @@ log = logging.getLogger("hetspec.server")
 def add_parsers(sub, add_sampling_args) -> None:
     s = sub.add_parser("serve", help="serve hetspec.v1.Generation (streaming generation) over gRPC")
     _add_server_args(s, "server.port")
+    s.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this port of --host (default: the profile's "
+                        "server.metrics_port, off; 0 = any free port)")
     s.set_defaults(func=_serve)
 
     c = sub.add_parser("client", help="stream one generation from a running `hetspec serve`")
@@ -73,6 +76,9 @@ def _serve(args) -> int:
     loop = EngineLoop(engine, kind, max_active=profile.server.max_concurrent_requests)
     servicer = GenerationServicer(loop, engine.tokenizer, max_new_tokens_limit=profile.server.max_new_tokens)
     served = start_server(options, [servicer.register])
+    metrics_port = args.metrics_port if args.metrics_port is not None else profile.server.metrics_port
+    if metrics_port is not None:
+        _serve_metrics(engine, options.host, metrics_port)
     drafter = f"drafter {kind} k={config.num_speculative_tokens}" if engine.drafter is not None else "target only"
     _ready(f"serving hetspec.v1.Generation on {options.host}:{served.port} "
            f"(profile {profile.source}, {drafter}{', TLS' if options.tls_cert_file else ''}"
@@ -83,6 +89,20 @@ def _serve(args) -> int:
     if engine.drafter is not None:
         engine.drafter.close()
     return 0
+
+
+def _serve_metrics(engine, host: str, port: int) -> None:
+    """Prometheus text format at http://host:port/metrics, fed by the engine's spans."""
+    from prometheus_client import start_http_server
+
+    from orchestrator.profiler.metrics import EngineMetrics
+
+    metrics = EngineMetrics(engine, keep_spans=False)
+    try:
+        server, _ = start_http_server(port, addr=host, registry=metrics.registry)
+    except OSError as e:
+        raise HetspecError(f"cannot serve metrics on {host}:{port}: {e}") from None
+    _ready(f"metrics on http://{host}:{server.server_port}/metrics")
 
 
 def _drafter_serve(args) -> int:
