@@ -107,7 +107,11 @@ def with_kv_handoff(drafter: Drafter, d: DrafterConfig, target: TargetRunner) ->
     """Wrap a self-drafter so it starts from the target's prefill K/V (same model, same geometry)."""
     from orchestrator.drafters.handoff import KvHandoffDrafter
     from orchestrator.drafters.onnx_drafter import OnnxDrafter
+    from orchestrator.drafters.remote import RemoteDrafter
 
+    if isinstance(drafter, RemoteDrafter):  # the K/V go with each OpenSequence; the drafter server checks the model
+        drafter.kv_source = target
+        return drafter
     if not isinstance(drafter, OnnxDrafter) or d.model is not None:
         raise HetspecError("kv_handoff needs an onnx drafter exported from the target itself (no drafter model)")
     return KvHandoffDrafter(drafter, target)

@@ -155,6 +155,8 @@ def frame(**body):
 BAD_SESSIONS = [
     ([pb.DrafterRequest(request_id=1, open=pb.OpenSequence(sequence_id=1, prompt_ids=[1]))], "protocol_version"),
     ([frame()], "body: empty frame"),
+    ([frame(open=pb.OpenSequence(sequence_id=1, prompt_ids=[1, 2], kv_blocks=[blocks_pb2.Block()]))],
+     "open.kv_blocks: this drafter does not take KV blocks"),
     ([frame(open=pb.OpenSequence(sequence_id=1))], "open.prompt_ids: needs 1.."),
     ([frame(open=pb.OpenSequence(sequence_id=1, prompt_ids=[1, 10**6]))], "open.prompt_ids: token ids"),
     ([frame(open=pb.OpenSequence(sequence_id=1, prompt_ids=[1])),
@@ -208,4 +210,57 @@ def test_a_session_answers_in_order_and_rolls_back():
         assert answers[0].ack.num_tokens == 5
         assert list(answers[1].proposals.proposals[0].draft_ids) == [3, 1]  # the n-gram continuation of "1 2"
     finally:
+        served.stop(0)
+
+
+@pytest.fixture(scope="module")
+def onnx_self_drafter(smollm2):
+    from orchestrator.drafters.onnx_drafter import OnnxDrafter
+    from orchestrator.export import ExportOptions, export_drafter
+
+    drafter = OnnxDrafter(export_drafter(smollm2, ExportOptions(precision="int4"), progress=False))
+    yield drafter
+    drafter.close()
+
+
+def test_kv_handoff_to_a_remote_self_drafter_opens_from_the_targets_kv(
+        target, smollm2, smollm2_tokenizer, reference, onnx_self_drafter):
+    servicer = DrafterServicer(onnx_self_drafter, vocab_size=target.vocab_size, model_id=target.model_id)
+    served = serve(servicer)
+    drafter = RemoteDrafter(f"127.0.0.1:{served.port}", vocab_size=target.vocab_size, kv_source=target)
+    try:
+        engine = make_engine(target, smollm2_tokenizer, smollm2, drafter)
+        seqs = run(engine, smollm2_tokenizer, SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True))
+        assert [s.output_ids for s in seqs] == reference
+        assert servicer.num_kv_opens == len(PROMPTS3) and drafter.num_failures == 0
+        assert sum(s.stats.num_accepted for s in seqs) > 0
+        # K/V from another model, or covering the whole prompt, are refused naming the field
+        d = onnx_self_drafter
+        for model_id, tokens, message in (("other", 4, "model_id"), (target.model_id, 8, "open.kv_blocks[0].tokens")):
+            kv = torch.zeros(d.num_layers, 2, 1, 16, d.num_kv_heads, d.head_dim)
+            block = inline.to_block(codec.encode(
+                kv, kind=blocks_pb2.TENSOR_KIND_KV, layout=blocks_pb2.LAYOUT_KV_POOL, model_id=model_id,
+                layers=(0, d.num_layers), heads=(0, d.num_kv_heads), tokens=(0, tokens), block_size=16))
+            with grpc.insecure_channel(f"127.0.0.1:{served.port}") as ch:
+                with pytest.raises(grpc.RpcError) as e:
+                    list(drafter_pb2_grpc.DrafterStub(ch).Session(iter([frame(open=pb.OpenSequence(
+                        sequence_id=1, prompt_ids=list(range(8)), kv_blocks=[block]))]), timeout=10))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in e.value.details(), e.value.details()
+    finally:
+        drafter.close()
+        served.stop(0)
+
+
+def test_a_drafter_that_refuses_kv_blocks_is_opened_from_tokens_instead(target, smollm2, smollm2_tokenizer, reference):
+    served = serve(DrafterServicer(NgramDrafter(), vocab_size=target.vocab_size, model_id=target.model_id))
+    drafter = RemoteDrafter(f"127.0.0.1:{served.port}", vocab_size=target.vocab_size, kv_source=target,
+                            backoff_s=(0.05, 0.1))
+    try:
+        engine = make_engine(target, smollm2_tokenizer, smollm2, drafter)
+        seqs = run(engine, smollm2_tokenizer, SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True))
+        assert [s.output_ids for s in seqs] == reference
+        assert drafter.num_failures == 1 and "open.kv_blocks" in drafter.last_error and drafter.kv_source is None
+        assert drafter.state == "connected" and sum(s.stats.num_accepted for s in seqs) > 0
+    finally:
+        drafter.close()
         served.stop(0)

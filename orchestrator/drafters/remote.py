@@ -105,8 +105,14 @@ class RemoteDrafter(Drafter):
 
     def __init__(self, address: str, channel_options: ChannelOptions | None = None, timeout_s: float = 5.0,
                  vocab_size: int | None = None, backoff_s: tuple[float, float] = (0.5, 30.0),
-                 prefill_allowance_s_per_token: float = 0.005, connect_timeout_s: float | None = None):
+                 prefill_allowance_s_per_token: float = 0.005, connect_timeout_s: float | None = None,
+                 kv_source=None):
         self.address = address
+        # KV handoff: a TargetRunner whose prefill K/V open each sequence on a remote self-drafter
+        self.kv_source = kv_source
+        self._staging = None
+        # a KV block must fit a message with room to spare; longer prompts open without one
+        self._max_kv_bytes = (channel_options or ChannelOptions()).max_message_bytes // 2
         self.timeout_s = timeout_s
         self.vocab_size = vocab_size  # set from the target by build_engine: draft ids are checked against it
         self.backoff_s = backoff_s
@@ -213,6 +219,8 @@ class RemoteDrafter(Drafter):
                 open_ = pb.OpenSequence(sequence_id=r.seq_id, prompt_ids=m.committed)
                 if r.generator is not None:
                     open_.seed = r.generator.initial_seed() & ((1 << 64) - 1)
+                if self.kv_source is not None:
+                    self._attach_kv(open_, r.seq_id, len(m.committed))
                 self._send(pb.DrafterRequest(open=open_))
                 m.opened = True
                 opened_tokens += len(m.committed)
@@ -277,6 +285,26 @@ class RemoteDrafter(Drafter):
             raise BlockError(where, "rows are not probability distributions")
         return probs
 
+    def _attach_kv(self, open_: pb.OpenSequence, seq_id: int, num_committed: int) -> None:
+        """The target's K/V of the sequence (all but the newest token) as one KV_POOL block."""
+        from orchestrator.kv_transfer import export_kv
+        from protocol.staging import StagingPool
+
+        target = self.kv_source
+        n = target.kv_length(seq_id)
+        if not 0 < n < num_committed:  # preempted (no K/V in the pool), or nothing to hand off
+            return
+        if self._staging is None:
+            self._staging = StagingPool(target.device)
+        kv = export_kv(target, seq_id, self._staging)
+        if kv.encoded.descriptor.byte_length > self._max_kv_bytes:
+            kv.release()
+            return
+        try:
+            open_.kv_blocks.append(inline.to_block(kv.encoded))
+        finally:
+            kv.release()
+
     # ---- frames -----------------------------------------------------------------------------
 
     def _send(self, frame: pb.DrafterRequest) -> None:
@@ -295,6 +323,9 @@ class RemoteDrafter(Drafter):
     def _fail(self, e: Exception) -> None:
         self.num_failures += 1
         self.last_error = str(e)
+        if self.kv_source is not None and "open.kv_blocks" in self.last_error:
+            log.warning("drafter at %s does not take this target's K/V; opening sequences from tokens", self.address)
+            self.kv_source = None
         log.warning("drafter at %s: %s; continuing target-only, reconnecting in %.1f s",
                     self.address, e, self._backoff)
         if self._session is not None:

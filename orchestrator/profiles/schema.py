@@ -158,6 +158,7 @@ class RemoteDrafterSpec(_DrafterBase):
     key_file: str | None = None
     token_env: str | None = None  # environment variable holding the drafter's bearer token
     timeout_s: Annotated[float, Field(gt=0)] = 5.0
+    kv_handoff: bool = False  # open sequences with the target's prefill K/V (the drafter must be a self-drafter of the target)
 
     @field_validator("address")
     @classmethod
@@ -187,7 +188,7 @@ class RemoteDrafterSpec(_DrafterBase):
                                  cert_file=self.cert_file, key_file=self.key_file,
                                  token=token_from_env(self.token_env, "drafters.*.token_env"))
         return DrafterConfig(kind="remote", address=self.address, remote_timeout_s=self.timeout_s,
-                             remote_channel=channel)
+                             remote_channel=channel, kv_handoff=self.kv_handoff)
 
 
 DrafterSpec = Annotated[Union[OnnxDrafterSpec, TorchDrafterSpec, NgramDrafterSpec, RemoteDrafterSpec],

@@ -129,7 +129,9 @@ def _drafter_serve(args) -> int:
     drafter = build_drafter(config, ckpt, progress=True)
     if drafter is None:
         raise HetspecError(f"profile {profile.source}: speculation.num_speculative_tokens is 0: nothing to serve")
-    servicer = DrafterServicer(drafter, vocab_size=_vocab_size(ckpt))
+    # a self-drafter (exported from the target's checkpoint) can take the target's K/V
+    model_id = ckpt.key if config.drafter.model is None else None
+    servicer = DrafterServicer(drafter, vocab_size=_vocab_size(ckpt), model_id=model_id)
     served = start_server(options, [servicer.register])
     _ready(f"serving hetspec.v1.Drafter ({config.drafter.kind}) on {options.host}:{served.port} "
            f"(profile {profile.source})")

@@ -18,6 +18,7 @@ import torch
 
 from orchestrator.drafters.base import Drafter
 from orchestrator.errors import InvalidRequestError
+from orchestrator.kv_transfer import check_geometry
 from orchestrator.server.grpc_util import lenient
 from protocol import codec, inline
 from protocol.pb import blocks_pb2
@@ -39,10 +40,15 @@ class _Seq:
 class DrafterServicer:
     """Serves one local drafter (ONNX, torch, n-gram) to any number of sessions."""
 
-    def __init__(self, drafter: Drafter, vocab_size: int | None, max_prompt_tokens: int = 1 << 16):
+    def __init__(self, drafter: Drafter, vocab_size: int | None, max_prompt_tokens: int = 1 << 16,
+                 model_id: str | None = None):
         self.drafter = drafter
         self.vocab_size = vocab_size
         self.max_prompt_tokens = max_prompt_tokens
+        # set for a self-drafter that can start from the target's K/V (KV handoff): blocks must
+        # come from this model (the target's checkpoint key) and fit the drafter's geometry
+        self.model_id = model_id if hasattr(drafter, "start_with_kv") else None
+        self.num_kv_opens = 0
         self._lock = threading.Lock()  # the drafter's state is not thread-safe
         self._ids = itertools.count()
         self.num_sessions = 0
@@ -104,14 +110,34 @@ class DrafterServicer:
         if not 1 <= len(ids) <= self.max_prompt_tokens:
             raise InvalidRequestError(f"open.prompt_ids: needs 1..{self.max_prompt_tokens} tokens, got {len(ids)}")
         self._check_ids(ids, "open.prompt_ids")
-        if m.kv_blocks:
-            raise InvalidRequestError("open.kv_blocks: this drafter server does not take KV blocks; send prompt_ids only")
         seq = _Seq(local_id=next(self._ids), num_committed=len(ids))
         if m.HasField("seed"):
             seq.generator = torch.Generator().manual_seed(m.seed)
-        self.drafter.start(seq.local_id, ids)
+        if m.kv_blocks:
+            self._start_with_kv(seq.local_id, ids, m.kv_blocks)
+        else:
+            self.drafter.start(seq.local_id, ids)
         seqs[m.sequence_id] = seq
         return len(ids)
+
+    def _start_with_kv(self, local_id: int, ids: list[int], blocks) -> None:
+        """KV handoff: the prompt's K/V from the target replace the drafter's prefill over them."""
+        if self.model_id is None:
+            raise InvalidRequestError("open.kv_blocks: this drafter does not take KV blocks; send prompt_ids only")
+        if len(blocks) != 1:
+            raise InvalidRequestError(f"open.kv_blocks: expected one KV block, got {len(blocks)}")
+        d, payload = inline.from_block(blocks[0])  # every field validated, checksum verified
+        if d.kind != blocks_pb2.TENSOR_KIND_KV or d.layout not in (blocks_pb2.LAYOUT_KV_POOL, blocks_pb2.LAYOUT_KV_SEQ):
+            raise InvalidRequestError("open.kv_blocks[0]: expected a KV block in LAYOUT_KV_POOL or LAYOUT_KV_SEQ")
+        drafter = self.drafter
+        check_geometry(d, self.model_id, drafter.num_layers, drafter.num_kv_heads, drafter.head_dim)
+        n = d.tokens.end
+        if d.tokens.start != 0 or not 0 < n < len(ids):
+            raise InvalidRequestError(f"open.kv_blocks[0].tokens: must cover [0, n) with 0 < n < {len(ids)} "
+                                      f"prompt tokens, got [{d.tokens.start}, {n})")
+        kv = codec.decode(d, payload, layout=blocks_pb2.LAYOUT_KV_SEQ, dtype=torch.float32, verified=True)
+        drafter.start_with_kv(local_id, ids, kv[:, :, :, :n])  # [L, 2, H, n, D]
+        self.num_kv_opens += 1
 
     def _propose(self, r: pb.DraftRequest, seqs: dict[int, _Seq], where: str) -> pb.DraftProposal:
         seq = self._seq(r.sequence_id, seqs, where)
