@@ -5,7 +5,9 @@ sequence's committed tokens, so the remote side can always be rebuilt: when the 
 dies, stalls past `timeout_s`, or answers with something malformed, the session is dropped,
 every step runs target-only (empty drafts marked `unavailable`; greedy output is unchanged),
 and once the channel is ready again a new session re-opens the live sequences from the
-mirror and speculation resumes. Reconnects back off exponentially.
+mirror and speculation resumes. Reconnects back off exponentially, and a new session is used
+only once the drafter has answered a probe, so one that is still busy or stalled keeps the
+engine target-only instead of holding up another step for `timeout_s`.
 
 Frames per engine step: new sequences as OpenSequence frames (opened lazily, at their first
 draft, so a sampled request's seed can travel with them), then one ProposeBatch carrying the
@@ -98,6 +100,32 @@ class _Session:
         self.call.cancel()
 
 
+class _Probe:
+    """The first frame of a new session, an empty VerifyBatch, answered off the engine thread.
+
+    The drafter server answers it only when its drafter is free, so until then the engine keeps
+    stepping target-only; a probe that times out or is answered wrongly fails the session."""
+
+    def __init__(self, session: _Session, request_id: int, timeout_s: float):
+        self.session, self.request_id = session, request_id
+        self.error: DrafterFailure | None = None
+        self.done = threading.Event()
+        session.send(pb.DrafterRequest(protocol_version=_V1, request_id=request_id, verify=pb.VerifyBatch()))
+        threading.Thread(target=self._await, args=(timeout_s,), name="hetspec-remote-drafter-probe",
+                         daemon=True).start()
+
+    def _await(self, timeout_s: float) -> None:
+        try:
+            r = self.session.receive(timeout_s)
+            if r.request_id != self.request_id or r.protocol_version != _V1 or r.WhichOneof("body") != "ack":
+                raise DrafterFailure(f"the answer to the session probe is {r.WhichOneof('body')} "
+                                     f"(request {r.request_id}), expected an ack of request {self.request_id}")
+        except DrafterFailure as e:
+            self.error = e
+        finally:
+            self.done.set()
+
+
 class RemoteDrafter(Drafter):
     """The Drafter interface over gRPC, with failover to target-only and reconnection."""
 
@@ -128,6 +156,7 @@ class RemoteDrafter(Drafter):
         self._ids = itertools.count(1)
         self._expect: list[int] = []  # request ids sent and not yet answered, in order
         self._session: _Session | None = None
+        self._probe: _Probe | None = None  # a new session until the drafter has answered its probe
         self._ready: grpc.Future | None = None
         self._next_attempt = 0.0
         self._backoff = backoff_s[0]
@@ -142,12 +171,16 @@ class RemoteDrafter(Drafter):
         try:
             grpc.channel_ready_future(self._channel).result(timeout=connect_timeout_s or timeout_s)
             self._open_session()
+            self._probe.done.wait()  # at start-up the first steps may wait for the drafter
+            self._take_probe()
         except grpc.FutureTimeoutError:
             self._fail(DrafterFailure(f"not reachable within {connect_timeout_s or timeout_s:.1f} s"))
 
     @property
     def state(self) -> str:
-        return "connected" if self._session is not None else "unavailable"
+        if self._session is not None:
+            return "connected"
+        return "connecting" if self._probe is not None else "unavailable"
 
     # ---- the Drafter interface ------------------------------------------------------------
 
@@ -203,9 +236,7 @@ class RemoteDrafter(Drafter):
             self._fail(e)
 
     def close(self) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
+        self._drop_sessions()
         self._channel.close()
 
     # ---- one round trip ---------------------------------------------------------------------
@@ -328,9 +359,7 @@ class RemoteDrafter(Drafter):
             self.kv_source = None
         log.warning("drafter at %s: %s; continuing target-only, reconnecting in %.1f s",
                     self.address, e, self._backoff)
-        if self._session is not None:
-            self._session.close()
-            self._session = None
+        self._drop_sessions()
         self._expect.clear()
         self._verify.clear()
         for m in self._seqs.values():  # the next session re-opens them from the mirror
@@ -339,8 +368,18 @@ class RemoteDrafter(Drafter):
         self._next_attempt = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self.backoff_s[1])
 
+    def _drop_sessions(self) -> None:
+        for session in (self._session, self._probe.session if self._probe is not None else None):
+            if session is not None:
+                session.close()
+        self._session = self._probe = None
+
     def _maybe_reconnect(self) -> None:
-        """Never blocks: a ready-future keeps the channel connecting between steps."""
+        """Never blocks: a ready-future keeps the channel connecting between steps, and a new
+        session's probe is answered in the background."""
+        if self._probe is not None:
+            self._take_probe()
+            return
         if time.monotonic() < self._next_attempt:
             return
         if self._ready is None:
@@ -349,10 +388,20 @@ class RemoteDrafter(Drafter):
             return
         self._ready = None
         self._open_session()
-        log.warning("drafter at %s: session re-established; speculation resumes", self.address)
 
     def _open_session(self) -> None:
-        self._session = _Session(self._stub, self._metadata)
+        self._probe = _Probe(_Session(self._stub, self._metadata), next(self._ids), self.timeout_s)
+
+    def _take_probe(self) -> None:
+        """Use the new session once its probe is answered (or fail it)."""
+        probe = self._probe
+        if probe is None or not probe.done.is_set():
+            return
+        if probe.error is not None:
+            self._fail(probe.error)
+            return
+        self._probe, self._session = None, probe.session
         if self._ever_connected:
             self.num_reconnects += 1
+            log.warning("drafter at %s: session re-established; speculation resumes", self.address)
         self._ever_connected = True
