@@ -54,7 +54,7 @@ class Misbehaving(DrafterServicer):
             out.draft_ids[:] = [10**6]
         elif self.how == "too_many":
             out.draft_ids[:] = [1] * (r.num_draft + 1)
-        elif self.how == "stall":
+        elif self.how == "stall" and where.endswith("[0]"):  # once per batch: a 1.5 s stall
             time.sleep(1.5)
         elif self.how == "bad_probs":
             out.draft_ids[:] = [1]
@@ -70,14 +70,26 @@ def serve(servicer):
     return start_server(ServerOptions(port=0), [servicer.register])
 
 
-def run(engine, tokenizer, params, step_times: list | None = None):
+def run(engine, tokenizer, params):
     ids = [engine.add_request(tokenizer(p).input_ids, params) for p in PROMPTS3]
     while engine.has_work():
-        t0 = time.perf_counter()
         engine.step()
-        if step_times is not None:
-            step_times.append(time.perf_counter() - t0)
     return [engine.release(i) for i in ids]
+
+
+def time_proposals(drafter) -> list[float]:
+    """Records how long each of the engine's propose_batch calls held up its step."""
+    times, propose_batch = [], drafter.propose_batch
+
+    def timed(requests):
+        t0 = time.perf_counter()
+        try:
+            return propose_batch(requests)
+        finally:
+            times.append(time.perf_counter() - t0)
+
+    drafter.propose_batch = timed
+    return times
 
 
 def make_engine(target, tokenizer, ckpt, drafter):
@@ -112,14 +124,15 @@ def test_a_malformed_or_stalled_drafter_is_dropped_and_greedy_output_is_unchange
                             backoff_s=(0.05, 0.1))
     try:
         engine = make_engine(target, smollm2_tokenizer, smollm2, drafter)
-        step_times = []
-        seqs = run(engine, smollm2_tokenizer, SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True), step_times)
+        waits = time_proposals(drafter)
+        seqs = run(engine, smollm2_tokenizer, SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True))
         assert [s.output_ids for s in seqs] == reference
         # a stalled drafter is still busy when the first reconnects come: their probes time out in
-        # the background, so the stall holds up one engine step only (the one that detected it)
+        # the background, so the stall holds up one engine step only (the one that detected it) and
+        # the drafter's 1.5 s stall ends while the engine keeps going: speculation resumes
         assert (drafter.num_failures == 1 or how == "stall" and drafter.num_failures >= 1) and \
             drafter.num_reconnects >= 1, drafter.last_error
-        assert sum(t > 0.4 for t in step_times) == (1 if how == "stall" else 0), step_times
+        assert sum(t > 0.4 for t in waits) == (1 if how == "stall" else 0), sorted(waits)[-5:]
         assert all(s.stats.num_fallback_steps >= 1 for s in seqs)
         assert drafter.state == "connected" and servicer.calls > servicer.bad_call  # speculation resumed
         assert target.pool.num_free_blocks == target.pool.num_blocks
