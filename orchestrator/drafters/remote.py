@@ -100,6 +100,15 @@ class _Session:
         self.call.cancel()
 
 
+def _check_answer(response: pb.DrafterResponse, request_id: int, body: str | None = None) -> None:
+    """Answers come in request order, in protocol version 1, with the expected body."""
+    if response.request_id != request_id or response.protocol_version != _V1:
+        raise DrafterFailure(f"answer {response.request_id} (version {response.protocol_version}) "
+                             f"out of order: expected {request_id}")
+    if body is not None and response.WhichOneof("body") != body:
+        raise DrafterFailure(f"request {request_id}: expected {body}, got {response.WhichOneof('body')}")
+
+
 class _Probe:
     """The first frame of a new session, an empty VerifyBatch, answered off the engine thread.
 
@@ -116,10 +125,7 @@ class _Probe:
 
     def _await(self, timeout_s: float) -> None:
         try:
-            r = self.session.receive(timeout_s)
-            if r.request_id != self.request_id or r.protocol_version != _V1 or r.WhichOneof("body") != "ack":
-                raise DrafterFailure(f"the answer to the session probe is {r.WhichOneof('body')} "
-                                     f"(request {r.request_id}), expected an ack of request {self.request_id}")
+            _check_answer(self.session.receive(timeout_s), self.request_id, "ack")
         except DrafterFailure as e:
             self.error = e
         finally:
@@ -266,11 +272,7 @@ class RemoteDrafter(Drafter):
         while self._expect:
             response = self._session.receive(deadline - time.perf_counter())
             want = self._expect.pop(0)
-            if response.request_id != want or response.protocol_version != _V1:
-                raise DrafterFailure(f"answer {response.request_id} (version {response.protocol_version}) "
-                                     f"out of order: expected {want}")
-            if self._expect and response.WhichOneof("body") != "ack":
-                raise DrafterFailure(f"request {want}: expected an ack, got {response.WhichOneof('body')}")
+            _check_answer(response, want, "ack" if self._expect else None)
         if response is None or response.WhichOneof("body") != "proposals":
             raise DrafterFailure("the answer to a propose batch carries no proposals")
         drafts = self._read_proposals(requests, response.proposals)
@@ -369,9 +371,10 @@ class RemoteDrafter(Drafter):
         self._backoff = min(self._backoff * 2, self.backoff_s[1])
 
     def _drop_sessions(self) -> None:
-        for session in (self._session, self._probe.session if self._probe is not None else None):
-            if session is not None:
-                session.close()
+        if self._session is not None:
+            self._session.close()
+        if self._probe is not None:
+            self._probe.session.close()
         self._session = self._probe = None
 
     def _maybe_reconnect(self) -> None:
@@ -395,7 +398,7 @@ class RemoteDrafter(Drafter):
     def _take_probe(self) -> None:
         """Use the new session once its probe is answered (or fail it)."""
         probe = self._probe
-        if probe is None or not probe.done.is_set():
+        if not probe.done.is_set():
             return
         if probe.error is not None:
             self._fail(probe.error)
