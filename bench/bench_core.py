@@ -23,14 +23,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from prompts import GROUNDED, PROMPTS  # noqa: E402
-
-from orchestrator.build import eos_token_ids, load_tokenizer  # noqa: E402
-from orchestrator.checkpoints import resolve  # noqa: E402
 from orchestrator.config import SamplingParams  # noqa: E402
 from orchestrator.drafters.ngram import NgramDrafter  # noqa: E402
 from orchestrator.engine import Engine  # noqa: E402
-from orchestrator.target import TargetRunner  # noqa: E402
+from orchestrator.models import (  # noqa: E402
+    TargetRunner,  # noqa: E402
+    eos_token_ids,
+    load_tokenizer,
+    resolve,  # noqa: E402
+)
+
+from prompts import GROUNDED, PROMPTS  # noqa: E402
 
 DRAFTERS = {  # name -> ExportOptions kwargs
     "int4": dict(precision="int4", block_size=32),
@@ -152,7 +155,7 @@ def main():
 
     report["b"] = {}
     from orchestrator.drafters.onnx_drafter import OnnxDrafter
-    from orchestrator.export import ExportOptions, export_drafter
+    from orchestrator.models import ExportOptions, export_drafter
 
     runs = [(n, False) for n in filter(None, args.drafters.split(","))]
     runs += [(n, True) for n in filter(None, args.adaptive.split(","))]

@@ -25,10 +25,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from orchestrator.config import SamplingParams  # noqa: E402
 from orchestrator.engine import Engine  # noqa: E402
-from orchestrator.profiler.cli import load_config  # noqa: E402
-from orchestrator.profiler.runner import Side, build_sides, encode, run_request, warm_up  # noqa: E402
-from orchestrator.profiler.spans import Tracer, Track  # noqa: E402
-from orchestrator.profiler.workloads import load_workload  # noqa: E402
+from orchestrator.latency.runner import Side, build_sides, encode, run_request, warm_up  # noqa: E402
+from orchestrator.latency.workloads import load_workload  # noqa: E402
+from orchestrator.profiles import load_profile  # noqa: E402
+from orchestrator.tracing import Tracer, Track  # noqa: E402
 
 
 def span_cost_us(n: int = 200_000) -> float:
@@ -48,8 +48,7 @@ def twin(side: Side, name: str) -> Side:
     """The same engine configuration (same target and drafter), spans off."""
     e = side.engine
     engine = Engine(e.target, e.tokenizer, e.drafter, num_speculative_tokens=side.k, max_num_seqs=1,
-                    eos_token_ids=tuple(e.eos_token_ids), adaptive_k=e.adaptive_k)
-    engine.tracer.enabled = False
+                    eos_token_ids=tuple(e.eos_token_ids), adaptive_k=e.adaptive_k, tracer=Tracer(enabled=False))
     return Side(name, side.k, engine)
 
 
@@ -101,7 +100,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=4)
     args = ap.parse_args()
-    name, config, _ = load_config(args.profile)
+    profile = load_profile(args.profile)
+    name, config = profile.name, profile.engine_config()
     sides, tokenizer = build_sides(config, [args.k], progress=False)
     base_on, spec_on = sides
     base_on.name, spec_on.name = "target-only spans on", f"k={args.k} spans on"

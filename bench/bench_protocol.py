@@ -93,17 +93,17 @@ def _long_prompt(tokenizer, min_tokens: int) -> list[int]:
 
 
 def kv_handoff(min_tokens: int, new_tokens: int, reps: int, k: int) -> dict:
-    from orchestrator.build import build_drafter, eos_token_ids, load_tokenizer
-    from orchestrator.checkpoints import resolve
+    from orchestrator.assemble import build_drafter, drafter_context
     from orchestrator.config import EngineConfig, SamplingParams
-    from orchestrator.drafters.handoff import KvHandoffDrafter
+    from orchestrator.drafters import KvHandoffDrafter
     from orchestrator.engine import Engine
-    from orchestrator.target import TargetRunner
+    from orchestrator.models import TargetRunner, eos_token_ids, load_tokenizer, resolve
 
     ckpt = resolve(None)
     tokenizer = load_tokenizer(ckpt)
     target = TargetRunner(ckpt, block_size=16, max_kv_tokens=4096)
-    plain = build_drafter(EngineConfig(), ckpt, progress=True)
+    config = EngineConfig()
+    plain = build_drafter(config.drafter, drafter_context(config, ckpt, progress=True))
     sides = {"own prefill": plain, "kv handoff": KvHandoffDrafter(plain, target)}
     ids = _long_prompt(tokenizer, min_tokens)
     print(f"\nKV handoff: prompt {len(ids)} tokens, INT4 self-drafter (8-bit lm_head), k={k}", flush=True)

@@ -27,14 +27,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+from orchestrator.assemble import build_drafter, build_target, drafter_context  # noqa: E402
+from orchestrator.config import EngineConfig, SamplingParams  # noqa: E402
+from orchestrator.engine import Engine  # noqa: E402
+from orchestrator.models import encode_prompt, eos_token_ids, load_tokenizer, resolve  # noqa: E402
+from orchestrator.server.remote_drafter import RemoteDrafter  # noqa: E402
+
 from prompts import GROUNDED, PROMPTS  # noqa: E402
 from servers import Server, free_port  # noqa: E402
-
-from orchestrator.build import build_drafter, build_target, encode_prompt, eos_token_ids, load_tokenizer  # noqa: E402
-from orchestrator.checkpoints import resolve  # noqa: E402
-from orchestrator.config import EngineConfig, SamplingParams  # noqa: E402
-from orchestrator.drafters.remote import RemoteDrafter  # noqa: E402
-from orchestrator.engine import Engine  # noqa: E402
 
 
 class Timed:
@@ -92,7 +92,7 @@ def main():
     forward = target.forward = Timed(target.forward)
     eos = eos_token_ids(ckpt, tokenizer)
 
-    local = build_drafter(config, ckpt, progress=True)  # the same export the drafter server loads
+    local = build_drafter(config.drafter, drafter_context(config, ckpt))  # the export the drafter server loads
     local_compute = Timed(local.propose_batch)
     local.propose_batch = local_compute
 

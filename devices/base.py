@@ -99,9 +99,9 @@ class DeviceBackend(ABC):
     def pinned_memory_available(self) -> bool:
         return False
 
-    def empty_host(self, nbytes: int) -> torch.Tensor:
-        """A uint8 host buffer for staging to/from this device (page-locked where supported)."""
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned_memory_available())
+    def empty_host(self, nbytes: int, pinned: bool = True) -> torch.Tensor:
+        """A uint8 host buffer for staging to/from this device (page-locked when asked and supported)."""
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned and self.pinned_memory_available())
 
     def synchronize(self, index: int = 0) -> None:
         """Wait for all queued work on the device (a no-op where work is synchronous)."""

@@ -4,6 +4,7 @@ import importlib.util
 from dataclasses import asdict
 
 from devices.base import DeviceUnavailable
+from devices.ort import available_ort_providers
 from devices.registry import backend_kinds, parse_device
 
 
@@ -32,8 +33,6 @@ def device_info(name: str):
 
 def list_devices() -> dict:
     """Every registered backend kind: its devices, or why there are none; plus runtime facts."""
-    from devices.ort import available_ort_providers
-
     kinds = {}
     for kind in backend_kinds():
         backend, _ = parse_device(kind)

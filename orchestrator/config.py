@@ -1,13 +1,32 @@
-"""Typed configuration, validated once at the edge; plain attributes everywhere else."""
+"""Typed configuration, validated once at the edge; plain attributes everywhere else.
+
+Pure data: nothing here touches a device, a file, the network or the environment. Profiles
+(YAML) and CLI flags become these objects; the assembly turns them into running parts.
+"""
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar, Union
 
 from orchestrator.errors import InvalidRequestError
 
 DTYPES = ("float32", "float16", "bfloat16")
-DRAFTERS = ("onnx", "ngram", "none", "torch", "remote")
 PREEMPTION_MODES = ("auto", "swap", "recompute")
+TRANSPORT_KINDS = ("inline", "shared_memory")
+MAX_SPECULATIVE_TOKENS = 32
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float, where: str = "") -> None:
+    """The one check of a sampling transform; the message names the field (`where` prefixes it)."""
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise InvalidRequestError(f"{where}temperature: must be a finite number >= 0, got {temperature}",
+                                  f"{where}temperature")
+    if top_k < 0:
+        raise InvalidRequestError(f"{where}top_k: must be >= 0 (0 = off), got {top_k}", f"{where}top_k")
+    if not (math.isfinite(top_p) and 0.0 < top_p <= 1.0):
+        raise InvalidRequestError(f"{where}top_p: must be in (0, 1] (1 = off), got {top_p}", f"{where}top_p")
 
 
 @dataclass(frozen=True)
@@ -25,44 +44,90 @@ class SamplingParams:
     num_speculative_tokens: int | None = None  # None = the engine's k
 
     def validate(self, max_new_tokens_limit: int = 1 << 16) -> None:
+        """Every field checked, each error naming the field as the gRPC request spells it."""
         if not 1 <= self.max_new_tokens <= max_new_tokens_limit:
-            raise InvalidRequestError(f"max_new_tokens must be in [1, {max_new_tokens_limit}], got {self.max_new_tokens}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise InvalidRequestError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
-        if any(not s for s in self.stop):
-            raise InvalidRequestError("stop strings must be non-empty")
+            raise InvalidRequestError(f"max_new_tokens: must be in [1, {max_new_tokens_limit}], "
+                                      f"got {self.max_new_tokens}", "max_new_tokens")
+        check_sampling(self.temperature, self.top_k, self.top_p)
+        for i, s in enumerate(self.stop):
+            if not s:
+                raise InvalidRequestError(f"stop[{i}]: must be non-empty", f"stop[{i}]")
+        if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            raise InvalidRequestError(f"stop: at most {MAX_STOP_STRINGS} strings of at most "
+                                      f"{MAX_STOP_CHARS} characters", "stop")
         k = self.num_speculative_tokens
-        if k is not None and not 0 <= k <= 32:
-            raise InvalidRequestError(f"num_speculative_tokens must be in [0, 32], got {k}")
+        if k is not None and not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise InvalidRequestError(f"num_speculative_tokens: must be in [0, {MAX_SPECULATIVE_TOKENS}], "
+                                      f"got {k}", "num_speculative_tokens")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
 
+# ---- drafters: one typed record per kind (the registry maps each type to its builder) -------------
+
+
 @dataclass(frozen=True)
-class DrafterConfig:
-    kind: str = "onnx"  # "onnx" | "ngram" | "torch" | "remote" | "none"
-    precision: str = "int4"  # onnx export: int4 | int8 | fp32
-    block_size: int = 32
+class OnnxDrafterConfig:
+    """An exported decoder (INT4/INT8 MatMulNBits or fp32) on ONNX Runtime."""
+
+    kind: ClassVar[str] = "onnx"
+    model: str | None = None  # checkpoint to export; None = the target's (a self-drafter)
+    device: str = "cpu"  # picks the execution provider and where the KV buffers live
+    precision: str = "int4"  # int4 | int8 | fp32
+    block_size: int = 32  # weights per quantization scale
     int8_lm_head: bool = True  # INT4 body, 8-bit lm_head: the best measured INT4 config
-    providers: tuple[str, ...] = ("CPUExecutionProvider",)
-    provider_options: tuple[dict, ...] = ()  # one dict per provider, or () for none
+    providers: tuple[str, ...] = ()  # explicit provider list (`--drafter-ep`); () = the device's own
+    provider_options: dict = field(default_factory=dict)  # extra options for the device's provider
+    kv_handoff: bool = False  # start from the target's prefill K/V instead of a drafter prefill
+
+
+@dataclass(frozen=True)
+class TorchDrafterConfig:
+    """A small torch model run by the target's own runner (e.g. on npu:0)."""
+
+    kind: ClassVar[str] = "torch"
+    model: str | None = None  # None = the target's checkpoint (self-drafting; a test setup)
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_kv_tokens: int | None = None  # None = the target's KV capacity
+
+
+@dataclass(frozen=True)
+class NgramDrafterConfig:
+    """Prompt lookup over the sequence's own tokens; no model."""
+
+    kind: ClassVar[str] = "ngram"
     max_ngram: int = 3
-    model: str | None = None  # onnx/torch drafter checkpoint; None = the target's
-    device: str = "cpu"  # torch drafter device
-    dtype: str = "float32"  # torch drafter dtype
-    max_kv_tokens: int | None = None  # torch drafter KV capacity; None = the target's
-    address: str | None = None  # remote drafter host:port
-    remote_timeout_s: float = 5.0  # a remote drafter silent this long is dropped (target-only until it is back)
-    remote_channel: object = None  # remote drafter ChannelOptions (TLS, token); None = plaintext, no token
-    # onnx self-drafter: start from the target's prefill K/V (sent as protocol blocks)
-    # instead of running its own prefill
-    kv_handoff: bool = False
+
+
+@dataclass(frozen=True)
+class RemoteDrafterConfig:
+    """A drafter behind `hetspec drafter serve`, reached over a `hetspec.v1.Drafter` session."""
+
+    kind: ClassVar[str] = "remote"
+    address: str = "127.0.0.1:50061"  # host:port
+    timeout_s: float = 5.0  # a drafter silent this long is dropped (target-only until it is back)
+    tls: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    token_env: str | None = None  # environment variable holding the bearer token (read when connecting)
+    kv_handoff: bool = False  # open sequences with the target's prefill K/V (a remote self-drafter)
+
+
+DrafterConfig = Union[OnnxDrafterConfig, TorchDrafterConfig, NgramDrafterConfig, RemoteDrafterConfig]
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    """How blocks leave a device and travel to a peer."""
+
+    kind: str = "inline"  # blocks this process sends: bytes in the message, or a shared-memory segment
+    pinned_staging: bool = True  # page-locked staging buffers where the device supports them
+    staging_pool_bytes: int = 64 << 20  # staging buffers kept for reuse (more are freed after use)
+    max_message_bytes: int = 64 << 20  # gRPC message limit, both directions
 
 
 @dataclass(frozen=True)
@@ -77,19 +142,31 @@ class EngineConfig:
     adaptive_k: bool = False  # shrink the draft after rejections, grow it after full accepts
     # a preempted sequence's K/V: swapped to host, recomputed, or whichever is estimated cheaper
     preemption: str = "auto"  # "auto" | "swap" | "recompute"
-    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    drafter: DrafterConfig | None = field(default_factory=OnnxDrafterConfig)  # None = target only
+    transport: TransportConfig = field(default_factory=TransportConfig)
+
+    @property
+    def speculates(self) -> bool:
+        return self.drafter is not None and self.num_speculative_tokens > 0
+
+    @property
+    def drafter_kind(self) -> str:
+        """The drafter kind that runs, or "none"."""
+        return self.drafter.kind if self.speculates else "none"
 
     def validate(self) -> None:
-        if self.dtype not in DTYPES:
-            raise InvalidRequestError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.drafter.dtype not in DTYPES:
-            raise InvalidRequestError(f"drafter dtype must be one of {', '.join(DTYPES)}, got {self.drafter.dtype!r}")
-        if self.drafter.kind not in DRAFTERS:
-            raise InvalidRequestError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter.kind!r}")
-        if self.preemption not in PREEMPTION_MODES:
-            raise InvalidRequestError(f"preemption must be one of {', '.join(PREEMPTION_MODES)}, got {self.preemption!r}")
-        if not 0 <= self.num_speculative_tokens <= 32:
-            raise InvalidRequestError("num_speculative_tokens must be in [0, 32]")
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("preemption", self.preemption, PREEMPTION_MODES)
+        _choice("transport.kind", self.transport.kind, TRANSPORT_KINDS)
+        if isinstance(self.drafter, TorchDrafterConfig):
+            _choice("drafter dtype", self.drafter.dtype, DTYPES)
+        if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise InvalidRequestError(f"num_speculative_tokens must be in [0, {MAX_SPECULATIVE_TOKENS}]")
         for name in ("kv_block_size", "max_kv_tokens", "max_num_seqs"):
             if getattr(self, name) <= 0:
                 raise InvalidRequestError(f"{name} must be positive")
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise InvalidRequestError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")

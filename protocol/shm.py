@@ -118,6 +118,12 @@ class ShmWriter:
         d.locator.shm.CopyFrom(pb.ShmLocator(segment=seg.name, offset=0, generation=generation))
         return d
 
+    def write_batch(self, encoded: list[Encoded]) -> list[pb.BlockDescriptor]:
+        """Write blocks into slots 0..n-1: a batch replaces the previous batch's blocks."""
+        self._next = 0
+        self.num_slots = max(self.num_slots, len(encoded))
+        return [self.write(enc) for enc in encoded]
+
     @property
     def segment_names(self) -> list[str]:
         return [s.name for s in self._segments]

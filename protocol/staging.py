@@ -38,9 +38,10 @@ class Staged:
 class StagingPool:
     """Host buffers in power-of-two size classes, reused across transfers, capped at `max_bytes`."""
 
-    def __init__(self, device: "str | torch.device" = "cpu", max_bytes: int = 512 << 20):
+    def __init__(self, device: "str | torch.device" = "cpu", max_bytes: int = 512 << 20, pinned: bool = True):
         self.backend, self.index = backend_for(device)
-        self.pinned = self.backend.pinned_memory_available()
+        # page-locked only where asked for and where the device's runtime offers it
+        self.pinned = pinned and self.backend.pinned_memory_available()
         self.max_bytes = max_bytes
         self._free: dict[int, list[torch.Tensor]] = defaultdict(list)
         self.free_bytes = 0  # bytes held in the free lists
@@ -55,7 +56,7 @@ class StagingPool:
             self.free_bytes -= size
             return self._free[size].pop()
         self.num_allocations += 1
-        return self.backend.empty_host(size)
+        return self.backend.empty_host(size, pinned=self.pinned)
 
     def release(self, buffer: torch.Tensor) -> None:
         """Return a buffer for reuse (dropped when the pool already holds `max_bytes`)."""

@@ -5,7 +5,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from orchestrator.checkpoints import resolve  # noqa: E402
+from orchestrator.models import resolve  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -20,7 +20,7 @@ def gemma3():
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2):
-    from orchestrator.build import load_tokenizer
+    from orchestrator.models import load_tokenizer
 
     return load_tokenizer(smollm2)
 
@@ -36,7 +36,7 @@ def tiny_checkpoint(tmp_path, family: str = "llama", **overrides):
     """A randomly initialised tiny model saved as an HF safetensors dir (mechanics tests only)."""
     from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig
 
-    from orchestrator.checkpoints import Checkpoint
+    from orchestrator.models import Checkpoint
 
     torch.manual_seed(0)
     common = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from orchestrator.drafters.base import DraftProposal, Drafter
+from orchestrator.engine import Drafter, DraftProposal
+from orchestrator.engine.sampling import logits_to_probs, sample
 from orchestrator.errors import InvalidRequestError
-from orchestrator.sampling import logits_to_probs, sample
 
 
 @dataclass

@@ -3,66 +3,70 @@
 A drafter exported from the target's own checkpoint has the target's layer/head geometry,
 so the K/V the target computed for the prompt can replace the drafter's prefill. The K/V
 leaves the target's pool as a protocol block (device -> host through the staging pool),
-travels as one inline Block message, and is validated, converted from the pool layout to
-the drafter's [layers, 2, heads, tokens, dim] and from the target's dtype to float32.
+travels as one Block message (inline or in shared memory, by the transport kind), and is
+validated, converted from the pool layout to the drafter's [layers, 2, heads, tokens, dim]
+and from the target's dtype to float32.
 """
 
 import torch
 
-from orchestrator.drafters.base import DraftProposal, Drafter
+import protocol
 from orchestrator.drafters.onnx_drafter import OnnxDrafter
-from orchestrator.kv_transfer import check_geometry, describe_kv, stage_kv
-from orchestrator.profiler.spans import HOST_TRACK, Tracer, drafter_track, target_track
-from orchestrator.target import TargetRunner
-from protocol import codec, inline
-from protocol.pb import blocks_pb2 as pb
-from protocol.staging import StagingPool
-
-_OFF = Tracer(enabled=False)
+from orchestrator.engine import Drafter, DraftProposal
+from orchestrator.engine.swap import describe_kv
+from orchestrator.models import TargetRunner
+from orchestrator.tracing import HOST_TRACK, Tracer, drafter_track, target_track
 
 
 class KvHandoffDrafter(Drafter):
-    """Wraps an ONNX self-drafter; `start` takes the prompt's K/V from the target."""
+    """Wraps an ONNX self-drafter; `start` takes the prompt's K/V from the target.
 
-    def __init__(self, inner: OnnxDrafter, target: TargetRunner, staging: StagingPool | None = None):
+    Its transfer spans (d2h, serialize, deserialize, h2d) go to `tracer`, the engine's, so
+    they land beside the engine's own on the same timelines.
+    """
+
+    def __init__(self, inner: OnnxDrafter, target: TargetRunner, tracer: Tracer | None = None,
+                 staging: protocol.StagingPool | None = None, transport: str = "inline"):
         self.inner = inner
         self.target = target
-        self.staging = staging or StagingPool(target.device)
+        self.tracer = tracer or Tracer(enabled=False)
+        self.staging = staging or protocol.StagingPool(target.device)
+        self.packer = protocol.BlockPacker(transport)
+        self.unpacker = protocol.BlockUnpacker()
         self.name = f"{inner.name}+kv-handoff"
+        self.device = inner.device
         self.bytes_sent = 0
-        # the engine's timelines, so these spans land beside its own
         self._target_track = target_track(target.device)
-        self._host_track = HOST_TRACK
-        self._drafter_track = drafter_track(self)
+        self._drafter_track = drafter_track(self.device, self.name)
 
     def start(self, seq_id: int, prompt_ids: list[int]) -> None:
         """Called after the target's prefill: its pool holds K/V for the whole prompt.
 
-        Four spans on the engine's tracer: d2h (pool -> staging buffer), serialize (describe,
-        checksum, Block message), deserialize (validate, checksum, layout/dtype conversion),
-        h2d (into the drafter's KV buffers); a flow links serialize to deserialize.
+        A flow links the serialize span to the deserialize span.
         """
-        tracer = self.tracer or _OFF
+        tracer = self.tracer
         staged = None
         try:
             with tracer.span("d2h", self._target_track, request=seq_id):
-                staged = stage_kv(self.target, seq_id, self.staging)
+                staged = self.staging.to_host(self.target.pool.read_blocks(seq_id))
                 host = staged.wait()  # [L, 2, num_blocks, block_size, H, D]
             flow = tracer.new_flow()
-            with tracer.span("serialize", self._host_track, request=seq_id, flow_out=flow) as span:
-                block = inline.to_block(describe_kv(self.target, seq_id, host))  # what a remote drafter gets
+            with tracer.span("serialize", HOST_TRACK, request=seq_id, flow_out=flow) as span:
+                block = self.packer.pack(describe_kv(self.target, seq_id, host))  # what a remote drafter gets
+                nbytes = block.descriptor.byte_length
                 if span is not None:
-                    span.args["nbytes"] = len(block.data)
+                    span.args["nbytes"] = nbytes
         finally:
             if staged is not None:
                 staged.release()
-        self.bytes_sent += len(block.data)
-        with tracer.span("deserialize", self._host_track, request=seq_id, flow_in=(flow,)):
-            d, payload = inline.from_block(block)
-            check_geometry(d, self.target.model_id, self.inner.num_layers, self.inner.num_kv_heads, self.inner.head_dim)
-            kv = codec.decode(d, payload, layout=pb.LAYOUT_KV_SEQ, dtype=torch.float32, verified=True)
+        self.bytes_sent += nbytes
+        with tracer.span("deserialize", HOST_TRACK, request=seq_id, flow_in=(flow,)):
+            d, payload = self.unpacker.unpack(block)
+            inner = self.inner
+            kv = protocol.read_kv(d, payload, model_id=self.target.model_id, num_layers=inner.num_layers,
+                                  num_kv_heads=inner.num_kv_heads, head_dim=inner.head_dim)  # [L, 2, H, T, D]
         with tracer.span("h2d", self._drafter_track, request=seq_id):
-            self.inner.start_with_kv(seq_id, prompt_ids, kv[:, :, :, :len(prompt_ids)])  # [L, 2, H, T, D]
+            inner.start_with_kv(seq_id, prompt_ids, kv)
 
     def propose(self, seq_id: int, k: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                 generator: torch.Generator | None = None) -> DraftProposal:
@@ -78,4 +82,6 @@ class KvHandoffDrafter(Drafter):
         self.inner.finish(seq_id)
 
     def close(self) -> None:
+        self.packer.close()
+        self.unpacker.close()
         self.inner.close()

@@ -1,6 +1,6 @@
 """Model-free drafter: prompt lookup over the sequence's own tokens (n-gram matching)."""
 
-from orchestrator.drafters.base import Drafter, DraftProposal
+from orchestrator.engine import Drafter, DraftProposal
 
 
 class NgramDrafter(Drafter):

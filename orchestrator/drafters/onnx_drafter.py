@@ -16,11 +16,13 @@ import re
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import torch
 
+from devices import ort_placement
 from orchestrator.drafters.cached import CachedDrafter, CachedSequence
 from orchestrator.errors import CheckpointError, HetspecError, InvalidRequestError
-from orchestrator.export import find_onnx_model
+from orchestrator.models import find_onnx_model
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _PRESENT = re.compile(r"^present\.(\d+)\.(key|value)$")
@@ -29,17 +31,26 @@ _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
 
 
 class OnnxDrafter(CachedDrafter):
-    """Runs the ONNX decoder on the given ONNX Runtime execution providers, batch 1 per call."""
+    """Runs the ONNX decoder on one device's ONNX Runtime execution provider, batch 1 per call.
+
+    `device` (cpu, cuda:N, npu:N) picks the provider, its options and where the KV buffers
+    live; `providers` overrides the provider list (the KV buffers still follow `device`).
+    """
 
     name = "onnx"
 
-    def __init__(self, model_dir: Path, providers: list[str] | None = None,
-                 provider_options: list[dict] | None = None, num_threads: int | None = None):
-        providers = providers or ["CPUExecutionProvider"]
+    def __init__(self, model_dir: Path, device: str = "cpu", providers: list[str] | None = None,
+                 provider_options: dict | None = None, num_threads: int | None = None):
+        placement = ort_placement(device, provider_options)
+        self.device = device
         self.model_path = find_onnx_model(Path(model_dir))
-        self.session = _open_session(self.model_path, providers, provider_options, num_threads)
+        if providers:
+            session_providers, options = list(providers), None
+        else:
+            session_providers, options = [placement.provider.name], [placement.options]
+        self.session = _open_session(self.model_path, session_providers, options, num_threads)
         self._bind_io(_read_genai_config(self.model_path.parent))
-        self._kv_device = _kv_device(providers, provider_options)
+        self._kv_device = (placement.memory, placement.device_id)  # OrtValue device type and id
         super().__init__()
 
     # --- the cache, for CachedDrafter ------------------------------------------------------
@@ -175,8 +186,6 @@ class _SharedKV:
                 value.update_inplace(full)
 
     def _grow(self, num_needed: int, num_valid: int) -> None:
-        import onnxruntime as ort
-
         d = self.drafter
         if num_needed > d.max_length:
             raise InvalidRequestError(
@@ -206,8 +215,6 @@ class _SharedKV:
 
 
 def _open_session(path: Path, providers: list[str], provider_options, num_threads: int | None):
-    import onnxruntime as ort
-
     available = ort.get_available_providers()
     absent = [p for p in providers if p not in available]
     if absent:
@@ -238,14 +245,6 @@ def _ort_error_detail(e: Exception) -> str:
     detail = re.sub(r"^ : \d+ : ", "", detail)  # status code
     detail = re.sub(r"\S+\.(cc|h|cpp):\d+ \S+ ?", "", detail)  # file.cc:123 Function
     return detail.strip()[:500]
-
-
-def _kv_device(providers: list[str], provider_options) -> tuple[str, int]:
-    """Where the shared KV buffers live: on the GPU for CUDA, else in host memory."""
-    if providers[0] == "CUDAExecutionProvider":
-        options = (provider_options or [{}])[0]
-        return "cuda", int(options.get("device_id", 0))
-    return "cpu", 0
 
 
 def _read_genai_config(model_dir: Path) -> dict:

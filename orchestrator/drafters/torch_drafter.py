@@ -6,9 +6,8 @@ is `CachedDrafter`'s.
 
 import torch
 
-from orchestrator.checkpoints import Checkpoint
 from orchestrator.drafters.cached import CachedDrafter, CachedSequence
-from orchestrator.target import TargetRunner
+from orchestrator.models import Checkpoint, TargetRunner
 
 
 class TorchDrafter(CachedDrafter):
@@ -19,6 +18,7 @@ class TorchDrafter(CachedDrafter):
     def __init__(self, ckpt: Checkpoint, device: str = "cpu", dtype: torch.dtype = torch.float32,
                  max_kv_tokens: int = 8192, block_size: int = 16):
         super().__init__()
+        self.device = device
         self.runner = TargetRunner(ckpt, device=device, dtype=dtype, block_size=block_size,
                                    max_kv_tokens=max_kv_tokens)
         self.max_length = self.runner.max_context

@@ -2,7 +2,9 @@
 
 from dataclasses import asdict
 
+from devices import device_info
 from orchestrator.errors import HetspecError
+from orchestrator.models import resolve
 from orchestrator.profiles.memory import MemoryItem, drafter_items, per_device, target_items
 from orchestrator.profiles.plan import VERIFICATION, Plan, fallback_order
 
@@ -44,8 +46,6 @@ def _drafter(plan: Plan) -> dict | None:
 
 def _memory(plan: Plan) -> tuple[list[MemoryItem], str]:
     """Memory items for what runs (or, where nothing can, what was declared first)."""
-    from orchestrator.checkpoints import resolve
-
     p = plan.profile
     placement = plan.target or p.target
     try:
@@ -62,8 +62,6 @@ def _memory(plan: Plan) -> tuple[list[MemoryItem], str]:
 
 
 def _device_rows(items: list[MemoryItem]) -> list[dict]:
-    from devices.probe import device_info
-
     rows = []
     for device, needed in per_device(items).items():
         info = device_info(device)

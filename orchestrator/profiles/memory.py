@@ -10,7 +10,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.checkpoints import Checkpoint, resolve
+from orchestrator.config import OnnxDrafterConfig, TorchDrafterConfig
+from orchestrator.models import MARKER, Checkpoint, ExportOptions, ModelSpec, default_export_dir, resolve
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # ONNX weight bytes per element: packed bits plus one fp32 scale per block (estimate before export)
@@ -43,8 +44,6 @@ def safetensors_numel(hf_dir: Path) -> int:
 
 def kv_pool_bytes(ckpt: Checkpoint, max_tokens: int, block_size: int, dtype: str) -> int:
     """Bytes of the KV pool a runner allocates for `max_tokens` (rounded up to whole blocks)."""
-    from orchestrator.model import ModelSpec
-
     spec = ModelSpec.from_config(ckpt.config_dict())
     num_blocks = -(-max_tokens // block_size)
     return spec.num_layers * 2 * num_blocks * block_size * spec.num_kv_heads * spec.head_dim * DTYPE_BYTES[dtype]
@@ -58,25 +57,24 @@ def target_items(ckpt: Checkpoint, device: str, dtype: str, max_tokens: int, blo
 
 def drafter_items(name: str, config, target_ckpt: Checkpoint, target_kv_tokens: int,
                   block_size: int) -> list[MemoryItem]:
-    """What drafter `name` (a resolved `DrafterConfig`) holds, on the device it runs on."""
-    ckpt = target_ckpt if config.model is None else resolve(config.model)
+    """What drafter `name` (its kind's config) holds, on the device it runs on."""
     label = f"drafter {name!r}"
-    if config.kind == "torch":
+    if isinstance(config, TorchDrafterConfig):
+        ckpt = target_ckpt if config.model is None else resolve(config.model)
         tokens = config.max_kv_tokens or target_kv_tokens
         return [MemoryItem(config.device, f"{label} weights",
                            safetensors_numel(ckpt.hf_dir) * DTYPE_BYTES[config.dtype]),
                 MemoryItem(config.device, f"{label} KV pool",
                            kv_pool_bytes(ckpt, tokens, block_size, config.dtype), f"{tokens} tokens")]
-    if config.kind == "onnx":
+    if isinstance(config, OnnxDrafterConfig):
+        ckpt = target_ckpt if config.model is None else resolve(config.model)
         return [_onnx_item(label, config, ckpt)]
     return []  # n-gram: a token list per sequence; remote: memory on the serving host
 
 
-def _onnx_item(label: str, config, ckpt: Checkpoint) -> MemoryItem:
-    from orchestrator.build import export_options
-    from orchestrator.export import MARKER, default_export_dir
-
-    out = default_export_dir(ckpt, export_options(config))
+def _onnx_item(label: str, config: OnnxDrafterConfig, ckpt: Checkpoint) -> MemoryItem:
+    out = default_export_dir(ckpt, ExportOptions.for_drafter(config.precision, config.block_size,
+                                                             config.int8_lm_head))
     if (out / MARKER).is_file():
         size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file() and p.suffix in (".onnx", ".data"))
         return MemoryItem(config.device, f"{label} weights", size, "exported files")

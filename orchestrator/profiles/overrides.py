@@ -1,57 +1,92 @@
-"""`hetspec generate --profile P [flags]`: the profile gives defaults, explicit flags override them.
+"""Explicit command-line choices over a profile: the profile gives defaults, given flags win.
 
-Flags left unset are None. Placement flags (--model/--device/--dtype, --drafter/--no-spec) edit
-the profile before placement is resolved, so an explicit `--device cpu` can run a GPU profile and
-an explicit device is never swapped for a fallback; the rest edit the resolved `EngineConfig`.
+Placement choices (model, device, dtype, drafter kind, no speculation) edit the profile before
+placement is resolved, so an explicit `--device cpu` can run a GPU profile and an explicit
+device is never swapped for a fallback; the rest edit the resolved `EngineConfig`.
 """
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
-from orchestrator.config import EngineConfig
+from orchestrator.config import EngineConfig, OnnxDrafterConfig, RemoteDrafterConfig
 from orchestrator.errors import InvalidRequestError
-from orchestrator.profiles.loader import load_profile
 from orchestrator.profiles.profile import Profile
 from orchestrator.profiles.schema import NgramDrafterSpec, OnnxDrafterSpec, Placement, SpeculationSpec
 
-DEFAULT_PROFILE = "cpu"
 CLI_DRAFTER = "cli"  # the name a drafter chosen by --drafter gets inside the profile
 _CLI_DRAFTERS = {"onnx": OnnxDrafterSpec, "ngram": NgramDrafterSpec}
+_ONNX_ONLY = ("precision", "block_size", "int8_lm_head", "drafter_device", "drafter_providers")
 
 
-def engine_config_from_args(args) -> EngineConfig:
-    """The profile (`--profile`, default `cpu`) with the explicitly given flags applied."""
-    profile = load_profile(args.profile or DEFAULT_PROFILE)
-    profile = _with_placement_flags(profile, args)
-    config = profile.engine_config()
-    if args.num_speculative_tokens is not None:
-        config = replace(config, num_speculative_tokens=args.num_speculative_tokens)
-    if args.adaptive_k:
+@dataclass(frozen=True)
+class Overrides:
+    """What the user gave explicitly; None (or False) = the profile's value."""
+
+    model: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    drafter: str | None = None  # a drafter kind: "onnx" | "ngram"
+    no_spec: bool = False
+    num_speculative_tokens: int | None = None
+    adaptive_k: bool = False
+    precision: str | None = None
+    block_size: int | None = None
+    int8_lm_head: bool | None = None
+    kv_handoff: bool | None = None
+    drafter_device: str | None = None  # the ONNX drafter's device (provider and KV buffers)
+    drafter_providers: tuple[str, ...] = ()  # ONNX Runtime providers, overriding the device's
+
+
+def apply_overrides(profile: Profile, given: Overrides) -> EngineConfig:
+    """The profile with the given choices applied, placed on this machine."""
+    config = _with_placement(profile, given).engine_config()
+    if given.num_speculative_tokens is not None:
+        config = replace(config, num_speculative_tokens=given.num_speculative_tokens)
+    if given.adaptive_k:
         config = replace(config, adaptive_k=True)
-    drafter = config.drafter
-    onnx_flags = {k: getattr(args, k, None) for k in ("precision", "block_size", "int8_lm_head", "kv_handoff")}
-    drafter = replace(drafter, **{k: v for k, v in onnx_flags.items() if v is not None})
-    if args.drafter_ep:
-        drafter = replace(drafter, providers=tuple(args.drafter_ep), provider_options=())
-    return replace(config, drafter=drafter)
+    return replace(config, drafter=_drafter(config.drafter, given))
 
 
-def _with_placement_flags(profile: Profile, args) -> Profile:
+def _drafter(drafter, given: Overrides):
+    onnx = {k: getattr(given, k) for k in _ONNX_ONLY if getattr(given, k) not in (None, ())}
+    if given.kv_handoff is not None:
+        if not isinstance(drafter, (OnnxDrafterConfig, RemoteDrafterConfig)):
+            raise InvalidRequestError("kv_handoff needs an onnx drafter exported from the target itself "
+                                      f"(or a remote self-drafter), not {_kind(drafter)}")
+        drafter = replace(drafter, kv_handoff=given.kv_handoff)
+    if not onnx:
+        return drafter
+    if not isinstance(drafter, OnnxDrafterConfig):
+        flags = ", ".join("--" + k.replace("_", "-") for k in onnx)
+        raise InvalidRequestError(f"{flags}: only for the onnx drafter, not {_kind(drafter)}")
+    if "drafter_device" in onnx:
+        _placement(onnx.pop("drafter_device"), "float32", "--drafter-device")  # a known device name
+        onnx["device"] = given.drafter_device
+    if "drafter_providers" in onnx:
+        onnx["providers"] = onnx.pop("drafter_providers")
+    return replace(drafter, **onnx)
+
+
+def _kind(drafter) -> str:
+    return "target only" if drafter is None else f"the {drafter.kind} drafter"
+
+
+def _with_placement(profile: Profile, given: Overrides) -> Profile:
     target = profile.target
-    if args.device is not None or args.dtype is not None:
-        placement = _placement(args.device or target.device, args.dtype or target.dtype)
+    if given.device is not None or given.dtype is not None:
+        placement = _placement(given.device or target.device, given.dtype or target.dtype)
         # an explicit device is what the user asked for: no silent fallback from it
-        fallback = [] if args.device is not None else target.fallback
+        fallback = [] if given.device is not None else target.fallback
         target = target.model_copy(update={"device": placement.device, "dtype": placement.dtype,
                                            "fallback": fallback})
-    if args.model is not None:
-        target = target.model_copy(update={"model": args.model})
+    if given.model is not None:
+        target = target.model_copy(update={"model": given.model})
     speculation, drafters = profile.speculation, profile.drafters
-    if args.no_spec:
+    if given.no_spec:
         speculation = speculation.model_copy(update={"drafter": None})
-    elif args.drafter is not None and not _primary_is(profile, args.drafter):
-        drafters = {**drafters, CLI_DRAFTER: _CLI_DRAFTERS[args.drafter](kind=args.drafter)}
+    elif given.drafter is not None and not _primary_is(profile, given.drafter):
+        drafters = {**drafters, CLI_DRAFTER: _CLI_DRAFTERS[given.drafter](kind=given.drafter)}
         speculation = SpeculationSpec(**{**speculation.model_dump(), "drafter": CLI_DRAFTER})
     return profile.model_copy(update={"target": target, "drafters": drafters, "speculation": speculation})
 
@@ -61,9 +96,10 @@ def _primary_is(profile: Profile, kind: str) -> bool:
     return name is not None and profile.drafters[name].kind == kind
 
 
-def _placement(device: str, dtype: str) -> Placement:
+def _placement(device: str, dtype: str, flag: str | None = None) -> Placement:
     try:
         return Placement(device=device, dtype=dtype)
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
-        raise InvalidRequestError(f"--{err['loc'][0]}: {err['msg'].removeprefix('Value error, ')}") from None
+        raise InvalidRequestError(f"{flag or '--' + err['loc'][0]}: "
+                                  f"{err['msg'].removeprefix('Value error, ')}") from None

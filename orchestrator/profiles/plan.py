@@ -8,7 +8,8 @@ logged as a warning naming what was wanted, why it cannot run, and what runs ins
 import logging
 from dataclasses import dataclass, field
 
-from orchestrator.config import DrafterConfig, EngineConfig
+from devices import device_info, device_unavailable_reason
+from orchestrator.config import EngineConfig
 from orchestrator.errors import ProfileError
 from orchestrator.profiles.schema import Placement
 
@@ -51,13 +52,14 @@ class Plan:
             log.warning("%s", note)
         p = self.profile
         if self.drafter is None:
-            drafter, k = DrafterConfig(kind="none"), 0
+            drafter, k = None, 0
         else:
             drafter, k = p.drafters[self.drafter].drafter_config(), p.speculation.num_speculative_tokens
         return EngineConfig(model=p.target.model, device=self.target.device, dtype=self.target.dtype,
                             kv_block_size=p.target.kv.block_size, max_kv_tokens=p.target.kv.max_tokens,
                             max_num_seqs=p.target.max_num_seqs, num_speculative_tokens=k,
-                            adaptive_k=p.speculation.adaptive_k, drafter=drafter)
+                            adaptive_k=p.speculation.adaptive_k, drafter=drafter,
+                            transport=p.transport.transport_config())
 
 
 def resolve_plan(profile) -> Plan:
@@ -70,8 +72,6 @@ def resolve_plan(profile) -> Plan:
 
 
 def _place_target(plan: Plan) -> None:
-    from devices.probe import device_info, device_unavailable_reason
-
     t = plan.profile.target
     for candidate in [Placement(device=t.device, dtype=t.dtype), *t.fallback]:
         why = device_unavailable_reason(candidate.device)

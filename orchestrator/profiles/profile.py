@@ -3,6 +3,7 @@
 from pydantic import PrivateAttr
 
 from orchestrator.config import EngineConfig
+from orchestrator.profiles.plan import Plan, resolve_plan
 from orchestrator.profiles.schema import ProfileSpec
 
 
@@ -17,10 +18,8 @@ class Profile(ProfileSpec):
         """The shipped name or the file path this profile was loaded from."""
         return self._source or self.name or "(inline)"
 
-    def plan(self):
+    def plan(self) -> Plan:
         """Where everything runs on this machine, which fallbacks were taken and why."""
-        from orchestrator.profiles.plan import resolve_plan
-
         return resolve_plan(self)
 
     def engine_config(self) -> EngineConfig:

@@ -1,20 +1,33 @@
-"""The profile schema: typed sections with defaults, unknown keys refused, devices parsed (not probed)."""
+"""The profile schema: typed sections with defaults, unknown keys refused, devices parsed (not probed).
+
+Pure data: each drafter section turns into its kind's `orchestrator.config` record; nothing here
+probes a device, reads a file or the environment.
+"""
 
 import re
 from typing import Annotated, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from orchestrator.config import DrafterConfig
+from devices import DeviceUnavailable, device_unavailable_reason, ort_placement, ort_unavailable_reason, parse_device
+from orchestrator.config import (
+    DTYPES,
+    MAX_SPECULATIVE_TOKENS,
+    TRANSPORT_KINDS,
+    NgramDrafterConfig,
+    OnnxDrafterConfig,
+    RemoteDrafterConfig,
+    TorchDrafterConfig,
+    TransportConfig,
+)
+
 DRAFTER_KINDS = ("onnx", "torch", "ngram", "remote")
-Dtype = Literal["float32", "float16", "bfloat16"]
+Dtype = Literal[DTYPES]
 PositiveInt = Annotated[int, Field(gt=0)]
 DrafterName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
 
 
 def _check_device(name: str) -> str:
-    from devices import DeviceUnavailable, parse_device
-
     try:
         parse_device(name)
     except DeviceUnavailable as e:
@@ -87,22 +100,15 @@ class OnnxDrafterSpec(_DrafterBase):
     provider_options: dict[str, Scalar] = {}  # passed to the provider as strings
 
     def describe(self) -> str:
-        from devices.ort import ort_provider
-
-        return f"onnx {self.precision} on {self.device} ({ort_provider(self.device)[0].name})"
+        return f"onnx {self.precision} on {self.device} ({ort_placement(self.device).provider.name})"
 
     def unavailable_reason(self) -> str:
-        from devices.ort import ort_unavailable_reason
-
         return ort_unavailable_reason(self.device)
 
-    def drafter_config(self) -> DrafterConfig:
-        from devices.ort import ort_provider
-
-        provider, options = ort_provider(self.device, self.provider_options)
-        return DrafterConfig(kind="onnx", model=self.model, device=self.device, precision=self.precision,
-                             block_size=self.block_size, int8_lm_head=self.int8_lm_head,
-                             kv_handoff=self.kv_handoff, providers=(provider.name,), provider_options=(options,) if options else ())
+    def drafter_config(self) -> OnnxDrafterConfig:
+        return OnnxDrafterConfig(model=self.model, device=self.device, precision=self.precision,
+                                 block_size=self.block_size, int8_lm_head=self.int8_lm_head,
+                                 kv_handoff=self.kv_handoff, provider_options=dict(self.provider_options))
 
 
 class TorchDrafterSpec(_DrafterBase):
@@ -118,13 +124,11 @@ class TorchDrafterSpec(_DrafterBase):
         return f"torch {self.dtype} on {self.device}"
 
     def unavailable_reason(self) -> str:
-        from devices.probe import device_unavailable_reason
-
         return device_unavailable_reason(self.device)
 
-    def drafter_config(self) -> DrafterConfig:
-        return DrafterConfig(kind="torch", model=self.model, device=self.device, dtype=self.dtype,
-                             max_kv_tokens=self.max_kv_tokens)
+    def drafter_config(self) -> TorchDrafterConfig:
+        return TorchDrafterConfig(model=self.model, device=self.device, dtype=self.dtype,
+                                  max_kv_tokens=self.max_kv_tokens)
 
 
 class NgramDrafterSpec(_DrafterBase):
@@ -139,8 +143,8 @@ class NgramDrafterSpec(_DrafterBase):
     def unavailable_reason(self) -> str:
         return ""
 
-    def drafter_config(self) -> DrafterConfig:
-        return DrafterConfig(kind="ngram", max_ngram=self.max_ngram)
+    def drafter_config(self) -> NgramDrafterConfig:
+        return NgramDrafterConfig(max_ngram=self.max_ngram)
 
 
 class RemoteDrafterSpec(_DrafterBase):
@@ -181,14 +185,10 @@ class RemoteDrafterSpec(_DrafterBase):
     def unavailable_reason(self) -> str:
         return ""  # reachability is a run-time matter: the engine fails over and reconnects
 
-    def drafter_config(self) -> DrafterConfig:
-        from orchestrator.server.grpc_util import ChannelOptions, token_from_env
-
-        channel = ChannelOptions(tls=self.tls or self.ca_file is not None, ca_file=self.ca_file,
-                                 cert_file=self.cert_file, key_file=self.key_file,
-                                 token=token_from_env(self.token_env, "drafters.*.token_env"))
-        return DrafterConfig(kind="remote", address=self.address, remote_timeout_s=self.timeout_s,
-                             remote_channel=channel, kv_handoff=self.kv_handoff)
+    def drafter_config(self) -> RemoteDrafterConfig:
+        return RemoteDrafterConfig(address=self.address, timeout_s=self.timeout_s, tls=self.tls,
+                                   ca_file=self.ca_file, cert_file=self.cert_file, key_file=self.key_file,
+                                   token_env=self.token_env, kv_handoff=self.kv_handoff)
 
 
 DrafterSpec = Annotated[Union[OnnxDrafterSpec, TorchDrafterSpec, NgramDrafterSpec, RemoteDrafterSpec],
@@ -199,7 +199,7 @@ class SpeculationSpec(Section):
     """Which drafter, how many tokens, how to verify. `drafter: null` = target only."""
 
     drafter: DrafterName | None = None
-    num_speculative_tokens: Annotated[int, Field(ge=0, le=32)] = 4  # k
+    num_speculative_tokens: Annotated[int, Field(ge=0, le=MAX_SPECULATIVE_TOKENS)] = 4  # k
     adaptive_k: bool = False
     # Only lossless verification exists: greedy match at T=0, rejection sampling at T>0.
     verification: Literal["exact"] = "exact"
@@ -209,7 +209,7 @@ class ProfilingSpec(Section):
     """Defaults for `hetspec profile run` (profiling workloads)."""
 
     workload: Annotated[str, Field(min_length=1)] = "chat"  # a workload name or a prompts file
-    k_sweep: Annotated[list[Annotated[int, Field(ge=0, le=32)]], Field(min_length=1)] = [1, 2, 4, 8]
+    k_sweep: Annotated[list[Annotated[int, Field(ge=0, le=MAX_SPECULATIVE_TOKENS)]], Field(min_length=1)] = [1, 2, 4, 8]
     max_new_tokens: PositiveInt = 128
     num_prompts: PositiveInt = 5
     warmup: Annotated[int, Field(ge=0)] = 1  # short requests per side before measuring
@@ -217,15 +217,24 @@ class ProfilingSpec(Section):
     output_dir: Annotated[str, Field(min_length=1)] = "hetspec-profile"
     trace: bool = True  # write a Perfetto-viewable trace
 
+    def draft_lengths(self) -> list[int]:
+        """The speculative sides to measure; k = 0 means the baseline, which always runs."""
+        return sorted({k for k in self.k_sweep if k > 0}) or [1, 2, 4, 8]
+
 
 class TransportSpec(Section):
-    """How blocks cross devices and hosts."""
+    """How blocks leave a device and travel to a peer (`transport_config()` for the engine)."""
 
-    kind: Literal["inline", "shared_memory"] = "inline"
-    pinned_staging: bool = True  # page-locked host buffers where the device supports them
-    staging_pool_bytes: PositiveInt = 64 << 20
-    max_message_bytes: PositiveInt = 64 << 20
-    checksum: bool = True
+    # blocks this process sends (KV handoff, a drafter server's probabilities): bytes inside the
+    # message, or a shared-memory segment the peer reads (peers on the same host only)
+    kind: Literal[TRANSPORT_KINDS] = "inline"
+    pinned_staging: bool = True  # page-locked staging buffers where the device supports them
+    staging_pool_bytes: PositiveInt = 64 << 20  # staging buffers kept for reuse
+    max_message_bytes: PositiveInt = 64 << 20  # gRPC messages, both directions
+
+    def transport_config(self) -> TransportConfig:
+        return TransportConfig(kind=self.kind, pinned_staging=self.pinned_staging,
+                               staging_pool_bytes=self.staging_pool_bytes, max_message_bytes=self.max_message_bytes)
 
 
 class TlsSpec(Section):

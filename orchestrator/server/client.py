@@ -7,13 +7,12 @@
         result = client.generate("Tell me a joke.")   # dict shaped like `hetspec generate --json`
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-
 from orchestrator.errors import HetspecError
-from orchestrator.server.generation import result_from_final
-from orchestrator.server.grpc_util import ChannelOptions, call_metadata, open_channel
+from orchestrator.server.channels import ChannelOptions, call_metadata, open_channel
+from orchestrator.server.convert import result_from_final
 from protocol.pb import generation_pb2 as pb
 from protocol.pb import generation_pb2_grpc
 
@@ -56,10 +55,16 @@ class GenerationClient:
         finally:
             call.cancel()  # no-op once complete
 
-    def generate(self, prompt: str | None = None, *, timeout: float | None = None, **kwargs) -> dict:
-        """Run to completion: `text`, `token_ids`, `finish_reason`, `usage`, `stats` (as `hetspec generate --json`)."""
+    def generate(self, prompt: str | None = None, *, timeout: float | None = None,
+                 on_delta: Callable[[Delta], None] | None = None, **kwargs) -> dict:
+        """Run to completion: `text`, `token_ids`, `finish_reason`, `usage`, `stats` (as `hetspec generate --json`).
+
+        `on_delta` sees each delta as it arrives (to stream the text while waiting for the result).
+        """
         ids, text = [], []
         for delta in self.stream(prompt, timeout=timeout, **kwargs):
+            if on_delta is not None:
+                on_delta(delta)
             ids += delta.token_ids
             text.append(delta.text)
             if delta.final is not None:

@@ -7,7 +7,6 @@ A malformed frame ends the stream with INVALID_ARGUMENT naming the field.
 """
 
 import itertools
-import math
 import threading
 import time
 from collections.abc import Iterator
@@ -16,16 +15,16 @@ from dataclasses import dataclass, field
 import grpc
 import torch
 
-from orchestrator.drafters.base import Drafter
+import protocol
+from orchestrator.config import MAX_SPECULATIVE_TOKENS, check_sampling
+from orchestrator.engine import Drafter
 from orchestrator.errors import InvalidRequestError
-from orchestrator.kv_transfer import check_geometry
-from orchestrator.server.grpc_util import lenient
-from protocol import codec, inline
-from protocol.pb import blocks_pb2
+from orchestrator.server.parsing import lenient
+from protocol import BlockError
 from protocol.pb import drafter_pb2 as pb
 
 SERVICE = "hetspec.v1.Drafter"
-MAX_DRAFT = 32
+MAX_DRAFT = MAX_SPECULATIVE_TOKENS
 MAX_SEQUENCES_PER_SESSION = 1024
 
 
@@ -35,14 +34,17 @@ class _Seq:
     num_committed: int
     last_draft: list[int] = field(default_factory=list)
     generator: torch.Generator | None = None
+    pending_probs: torch.Tensor | None = None  # [num_draft, vocab]: this step's q, until packed
 
 
 class DrafterServicer:
     """Serves one local drafter (ONNX, torch, n-gram) to any number of sessions."""
 
     def __init__(self, drafter: Drafter, vocab_size: int | None, max_prompt_tokens: int = 1 << 16,
-                 model_id: str | None = None):
+                 model_id: str | None = None, transport: str = "inline"):
         self.drafter = drafter
+        self.transport = transport  # how probability blocks go back: inline | shared_memory
+        self.blocks_in = protocol.BlockUnpacker()  # K/V handed off by targets
         self.vocab_size = vocab_size
         self.max_prompt_tokens = max_prompt_tokens
         # set for a self-drafter that can start from the target's K/V (KV handoff): blocks must
@@ -62,21 +64,25 @@ class DrafterServicer:
 
     def Session(self, requests: Iterator[pb.DrafterRequest], context: grpc.ServicerContext) -> Iterator[pb.DrafterResponse]:
         seqs: dict[int, _Seq] = {}
+        # one packer per session: its shared-memory blocks live until the session's next batch
+        packer = protocol.BlockPacker(self.transport)
         self.num_sessions += 1
         try:
             for frame in requests:
-                if frame.protocol_version != blocks_pb2.PROTOCOL_VERSION_1:
+                if frame.protocol_version != protocol.PROTOCOL_VERSION:
                     raise InvalidRequestError(f"protocol_version: {frame.protocol_version} is not supported "
-                                              f"(expected PROTOCOL_VERSION_1)")
-                yield self._answer(frame, seqs)
+                                              f"(expected PROTOCOL_VERSION_1)", "protocol_version")
+                yield self._answer(frame, seqs, packer)
         finally:
             with self._lock:
                 for seq in seqs.values():
                     self.drafter.finish(seq.local_id)
+            packer.close()
 
-    def _answer(self, frame: pb.DrafterRequest, seqs: dict[int, _Seq]) -> pb.DrafterResponse:
+    def _answer(self, frame: pb.DrafterRequest, seqs: dict[int, _Seq],
+                packer: protocol.BlockPacker) -> pb.DrafterResponse:
         body = frame.WhichOneof("body")
-        reply = pb.DrafterResponse(protocol_version=blocks_pb2.PROTOCOL_VERSION_1, request_id=frame.request_id)
+        reply = pb.DrafterResponse(protocol_version=protocol.PROTOCOL_VERSION, request_id=frame.request_id)
         with self._lock:
             if body == "propose":
                 for i, r in enumerate(frame.propose.results):
@@ -84,6 +90,7 @@ class DrafterServicer:
                 t0 = time.perf_counter_ns()
                 proposals = [self._propose(r, seqs, f"propose.requests[{i}]")
                              for i, r in enumerate(frame.propose.requests)]
+                self._attach_probs(proposals, seqs, packer)
                 reply.proposals.proposals.extend(proposals)
                 reply.proposals.compute_ns = time.perf_counter_ns() - t0
             elif body == "verify":
@@ -98,7 +105,7 @@ class DrafterServicer:
                     self.drafter.finish(seq.local_id)
                 reply.ack.SetInParent()
             else:
-                raise InvalidRequestError("body: empty frame (expected open, propose, verify or close)")
+                raise InvalidRequestError("body: empty frame (expected open, propose, verify or close)", "body")
         return reply
 
     def _open(self, m: pb.OpenSequence, seqs: dict[int, _Seq]) -> int:
@@ -122,41 +129,52 @@ class DrafterServicer:
 
     def _start_with_kv(self, local_id: int, ids: list[int], blocks) -> None:
         """KV handoff: the prompt's K/V from the target replace the drafter's prefill over them."""
+        where = "open.kv_blocks"
         if self.model_id is None:
-            raise InvalidRequestError("open.kv_blocks: this drafter does not take KV blocks; send prompt_ids only")
+            raise InvalidRequestError(f"{where}: this drafter does not take KV blocks; send prompt_ids only", where)
         if len(blocks) != 1:
-            raise InvalidRequestError(f"open.kv_blocks: expected one KV block, got {len(blocks)}")
-        d, payload = inline.from_block(blocks[0])  # every field validated, checksum verified
-        if d.kind != blocks_pb2.TENSOR_KIND_KV or d.layout not in (blocks_pb2.LAYOUT_KV_POOL, blocks_pb2.LAYOUT_KV_SEQ):
-            raise InvalidRequestError("open.kv_blocks[0]: expected a KV block in LAYOUT_KV_POOL or LAYOUT_KV_SEQ")
+            raise InvalidRequestError(f"{where}: expected one KV block, got {len(blocks)}", where)
         drafter = self.drafter
-        check_geometry(d, self.model_id, drafter.num_layers, drafter.num_kv_heads, drafter.head_dim)
-        n = d.tokens.end
-        if d.tokens.start != 0 or not 0 < n < len(ids):
-            raise InvalidRequestError(f"open.kv_blocks[0].tokens: must cover [0, n) with 0 < n < {len(ids)} "
-                                      f"prompt tokens, got [{d.tokens.start}, {n})")
-        kv = codec.decode(d, payload, layout=blocks_pb2.LAYOUT_KV_SEQ, dtype=torch.float32, verified=True)
-        drafter.start_with_kv(local_id, ids, kv[:, :, :, :n])  # [L, 2, H, n, D]
+        try:
+            d, payload = self.blocks_in.unpack(blocks[0])  # every field validated, checksum verified
+            n = d.tokens.end
+            if d.tokens.start != 0 or not 0 < n < len(ids):
+                raise BlockError("tokens", f"must cover [0, n) with 0 < n < {len(ids)} prompt tokens, "
+                                           f"got [{d.tokens.start}, {n})")
+            kv = protocol.read_kv(d, payload, model_id=self.model_id, num_layers=drafter.num_layers,
+                                  num_kv_heads=drafter.num_kv_heads, head_dim=drafter.head_dim)  # [L, 2, H, n, D]
+        except BlockError as e:
+            raise InvalidRequestError(f"{where}[0].{e}", f"{where}[0].{e.field}") from None
+        drafter.start_with_kv(local_id, ids, kv)
         self.num_kv_opens += 1
 
     def _propose(self, r: pb.DraftRequest, seqs: dict[int, _Seq], where: str) -> pb.DraftProposal:
         seq = self._seq(r.sequence_id, seqs, where)
         if not 1 <= r.num_draft <= MAX_DRAFT:
-            raise InvalidRequestError(f"{where}.num_draft: must be in [1, {MAX_DRAFT}], got {r.num_draft}")
-        if not (math.isfinite(r.temperature) and r.temperature >= 0):
-            raise InvalidRequestError(f"{where}.temperature: must be finite and >= 0, got {r.temperature}")
-        top_p = r.top_p or 1.0
-        if not (math.isfinite(top_p) and 0 < top_p <= 1):
-            raise InvalidRequestError(f"{where}.top_p: must be in (0, 1], got {r.top_p}")
+            raise InvalidRequestError(f"{where}.num_draft: must be in [1, {MAX_DRAFT}], got {r.num_draft}",
+                                      f"{where}.num_draft")
+        top_p = r.top_p or 1.0  # proto3 default 0 reads as "off"
+        check_sampling(r.temperature, r.top_k, top_p, where=f"{where}.")
         draft = self.drafter.propose(seq.local_id, r.num_draft, r.temperature, r.top_k, top_p, seq.generator)
         seq.last_draft = list(draft.draft_ids)
-        out = pb.DraftProposal(sequence_id=r.sequence_id, draft_ids=draft.draft_ids)
-        if r.want_probs and draft.draft_probs is not None:
-            probs = draft.draft_probs.to(torch.float32).contiguous()  # [num_draft, vocab]
-            enc = codec.encode(probs, kind=blocks_pb2.TENSOR_KIND_DRAFT_PROBS, layout=blocks_pb2.LAYOUT_TOKENS_VOCAB,
-                               sequence_id=r.sequence_id, tokens=(seq.num_committed, seq.num_committed + len(draft.draft_ids)))
-            out.draft_probs.CopyFrom(inline.to_block(enc))
-        return out
+        seq.pending_probs = draft.draft_probs if r.want_probs else None
+        return pb.DraftProposal(sequence_id=r.sequence_id, draft_ids=draft.draft_ids)
+
+    def _attach_probs(self, proposals: list[pb.DraftProposal], seqs: dict[int, _Seq],
+                      packer: protocol.BlockPacker) -> None:
+        """The wanted draft distributions q as DRAFT_PROBS blocks, packed as one batch."""
+        wanted = []
+        for out in proposals:
+            seq = seqs[out.sequence_id]
+            if seq.pending_probs is not None:
+                probs = seq.pending_probs.to(torch.float32).contiguous()  # [num_draft, vocab]
+                tokens = (seq.num_committed, seq.num_committed + len(out.draft_ids))
+                wanted.append((out, protocol.encode(probs, kind=protocol.TensorKind.DRAFT_PROBS,
+                                                    layout=protocol.Layout.TOKENS_VOCAB,
+                                                    sequence_id=out.sequence_id, tokens=tokens)))
+                seq.pending_probs = None
+        for (out, _), block in zip(wanted, packer.pack_batch([enc for _, enc in wanted])):
+            out.draft_probs.CopyFrom(block)
 
     def _verify(self, r: pb.VerifyResult, seqs: dict[int, _Seq], where: str) -> None:
         seq = self._seq(r.sequence_id, seqs, where)

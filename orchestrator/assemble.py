@@ -1,0 +1,91 @@
+"""Assembly: an `EngineConfig` becomes a checkpoint, tokenizer, target, drafter and engine.
+
+The one place parts are put together, for the CLI, the servers and profiling runs alike:
+
+    engine = build_engine(config)                      # hetspec generate / serve
+    parts = assemble(config, tracer=Tracer())          # profiling: several engines, one target
+    baseline, spec = parts.engine(num_speculative_tokens=0), parts.engine(num_speculative_tokens=4)
+
+Each part gets what it needs in its constructor. Drafter kinds come from the registry: the
+local ones (`orchestrator.drafters`) and the remote one (a gRPC client in the service layer).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from orchestrator.config import DrafterConfig, EngineConfig, RemoteDrafterConfig
+from orchestrator.drafters import LOCAL_DRAFTERS, Builder, DrafterContext
+from orchestrator.engine import Drafter, Engine
+from orchestrator.errors import HetspecError
+from orchestrator.models import Checkpoint, TargetRunner, eos_token_ids, load_tokenizer, resolve
+from orchestrator.server.remote_drafter import build_remote_drafter
+from orchestrator.tracing import Tracer
+from protocol import StagingPool
+
+DRAFTERS: dict[type, Builder] = {**LOCAL_DRAFTERS, RemoteDrafterConfig: build_remote_drafter}
+
+
+@dataclass
+class Assembly:
+    """The built parts of one configuration; `engine()` puts them together (several times if asked)."""
+
+    config: EngineConfig
+    ckpt: Checkpoint
+    tokenizer: object
+    target: TargetRunner
+    drafter: Drafter | None  # None: the config does not speculate
+    eos_token_ids: tuple[int, ...]
+    tracer: Tracer
+    staging: StagingPool
+
+    def engine(self, num_speculative_tokens: int | None = None, max_num_seqs: int | None = None) -> Engine:
+        """An engine over these parts; k = 0 gives a target-only engine over the same target."""
+        c = self.config
+        k = c.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
+        return Engine(self.target, self.tokenizer, self.drafter if k else None, num_speculative_tokens=k,
+                      max_num_seqs=max_num_seqs or c.max_num_seqs, eos_token_ids=self.eos_token_ids,
+                      adaptive_k=c.adaptive_k, preemption=c.preemption, tracer=self.tracer, staging=self.staging)
+
+
+def assemble(config: EngineConfig, tracer: Tracer | None = None, progress: bool = True) -> Assembly:
+    """Load the checkpoint and tokenizer, start the target on its device, build the drafter."""
+    config.validate()
+    ckpt = resolve(config.model)
+    tokenizer = load_tokenizer(ckpt)
+    tracer = tracer or Tracer(enabled=False)
+    target = build_target(config, ckpt)
+    transport = config.transport
+    staging = StagingPool(target.device, max_bytes=transport.staging_pool_bytes, pinned=transport.pinned_staging)
+    drafter = None
+    if config.speculates:
+        ctx = drafter_context(config, ckpt, target=target, tracer=tracer, staging=staging, progress=progress)
+        drafter = build_drafter(config.drafter, ctx)
+    return Assembly(config, ckpt, tokenizer, target, drafter, eos_token_ids(ckpt, tokenizer), tracer, staging)
+
+
+def build_engine(config: EngineConfig, tracer: Tracer | None = None, progress: bool = True) -> Engine:
+    return assemble(config, tracer, progress).engine()
+
+
+def build_target(config: EngineConfig, ckpt: Checkpoint) -> TargetRunner:
+    """The target runner on the config's device and dtype, with its KV pool."""
+    return TargetRunner(ckpt, device=config.device, dtype=getattr(torch, config.dtype),
+                        block_size=config.kv_block_size, max_kv_tokens=config.max_kv_tokens)
+
+
+def drafter_context(config: EngineConfig, ckpt: Checkpoint, target: TargetRunner | None = None,
+                    tracer: Tracer | None = None, staging: StagingPool | None = None,
+                    progress: bool = True) -> DrafterContext:
+    """What a drafter builder may use; without `target`, a drafter for `hetspec drafter serve`."""
+    return DrafterContext(target_ckpt=ckpt, target=target, tracer=tracer or Tracer(enabled=False),
+                          staging=staging, transport=config.transport.kind, kv_block_size=config.kv_block_size,
+                          max_kv_tokens=config.max_kv_tokens, max_message_bytes=config.transport.max_message_bytes,
+                          progress=progress)
+
+
+def build_drafter(config: DrafterConfig, ctx: DrafterContext) -> Drafter:
+    builder = DRAFTERS.get(type(config))
+    if builder is None:
+        raise HetspecError(f"unknown drafter config {type(config).__name__}")
+    return builder(config, ctx)

@@ -1,0 +1,98 @@
+"""What several verbs share: the parser class, common flags, the per-request flags, output."""
+
+import argparse
+import json
+import signal
+import sys
+import threading
+
+from orchestrator.config import SamplingParams
+from orchestrator.errors import HetspecError
+
+PRECISIONS = ("int4", "int8", "fp32")
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not usage + message
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def add_model_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="HF checkpoint dir, GGUF file, or smollm2-135m / gemma3-270m (default smollm2-135m)")
+
+
+def add_export_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
+    """The ONNX drafter's weights; with `defaults=False` unset flags stay None (a profile decides)."""
+    p.add_argument("--precision", choices=PRECISIONS, default="int4" if defaults else None,
+                   help="ONNX drafter weights (default int4)")
+    p.add_argument("--block-size", type=positive, default=32 if defaults else None,
+                   help="quantization block size (default 32)")
+    p.add_argument("--int8-lm-head", action=argparse.BooleanOptionalAction, default=True if defaults else None,
+                   help="keep the sensitive lm_head at 8 bits (INT4 only; default on: better acceptance)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """The per-request flags shared by `generate` and `client`."""
+    p.add_argument("--no-spec", action="store_true", help="target only, no speculation")
+    # unset: the profile's (generate) or the server's (client) k
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=None, help="draft length k")
+    p.add_argument("--max-new-tokens", type=positive, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--raw", action="store_true", help="do not apply the model's chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    """The per-request flags as validated `SamplingParams` (with a non-empty prompt)."""
+    if not args.prompt.strip():
+        raise HetspecError("prompt is empty")
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), speculate=not args.no_spec,
+                            num_speculative_tokens=args.num_speculative_tokens)
+    params.validate()
+    return params
+
+
+def print_result(result: dict, as_json: bool) -> None:
+    """After streaming: one JSON object (--json), or a newline and the summary line on stderr."""
+    if as_json:
+        print(json.dumps(result))
+    else:
+        print()
+        print(summary_line(result), file=sys.stderr)
+
+
+def summary_line(result: dict) -> str:
+    s = result["stats"]
+    line = (f"[hetspec] {result['usage']['completion_tokens']} tokens, {s['tokens_per_s']:.1f} tok/s, "
+            f"TTFT {s['ttft_s'] * 1000:.0f} ms, finish={result['finish_reason']}")
+    if s["drafter"] != "none":
+        per_pos = " ".join(f"{a:.2f}" for a in s["acceptance_per_position"])
+        line += (f" | drafter {s['drafter']} k={s['k']}: accepted {s['num_accepted']}/{s['num_drafted']}, "
+                 f"mean accepted length {s['mean_accepted_length']:.2f}, per position [{per_pos}]")
+    return line
+
+
+def ready(line: str) -> None:
+    """A server's status line on stderr (tests and scripts wait for 'serving ...')."""
+    print(f"hetspec: {line}", file=sys.stderr, flush=True)
+
+
+def wait_for_signal() -> None:
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    ready("shutting down (in-flight requests get 5 s)")

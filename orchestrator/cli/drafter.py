@@ -1,0 +1,53 @@
+"""`hetspec drafter serve`: one of a profile's local drafters as `hetspec.v1.Drafter` sessions."""
+
+import argparse
+
+from orchestrator.assemble import drafter_context
+from orchestrator.cli.common import ready, wait_for_signal
+from orchestrator.cli.serve import add_server_args, server_options
+from orchestrator.drafters import build_local_drafter
+from orchestrator.errors import HetspecError
+from orchestrator.models import ModelSpec, resolve
+from orchestrator.profiles import load_profile
+from orchestrator.server import DrafterServicer, start_server
+
+
+def add_parser(sub, parser_class) -> None:
+    d = sub.add_parser("drafter", help="drafter workers for remote targets")
+    dsub = d.add_subparsers(dest="drafter_command", required=True, parser_class=parser_class)
+    ds = dsub.add_parser("serve", help="serve a local drafter as hetspec.v1.Drafter sessions over gRPC")
+    add_server_args(ds, "server.drafter_port")
+    ds.add_argument("--drafter", default=None, metavar="NAME",
+                    help="which of the profile's drafters to serve (default: speculation.drafter)")
+    ds.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile)
+    name = args.drafter or profile.speculation.drafter
+    if name is None:
+        raise HetspecError(f"profile {profile.source} names no drafter (speculation.drafter); pass --drafter NAME")
+    if name not in profile.drafters:
+        raise HetspecError(f"--drafter: profile {profile.source} has no drafter {name!r} "
+                           f"(it has {', '.join(profile.drafters) or 'none'})")
+    if profile.drafters[name].kind == "remote":
+        raise HetspecError(f"drafter {name!r} is itself remote; serve a local one (onnx, torch, ngram)")
+    speculation = profile.speculation.model_copy(update={"drafter": name})
+    profile = profile.model_copy(update={"speculation": speculation})
+    options = server_options(profile, args.host, args.port, profile.server.drafter_port)
+    config = profile.engine_config()
+    if not config.speculates:
+        raise HetspecError(f"profile {profile.source}: speculation.num_speculative_tokens is 0: nothing to serve")
+    ckpt = resolve(config.model)
+    drafter = build_local_drafter(config.drafter, drafter_context(config, ckpt, progress=True))
+    # a self-drafter (exported from the target's checkpoint) can take the target's K/V
+    model_id = ckpt.key if getattr(config.drafter, "model", None) is None else None
+    vocab_size = ModelSpec.from_config(ckpt.config_dict()).vocab_size
+    servicer = DrafterServicer(drafter, vocab_size=vocab_size, model_id=model_id, transport=config.transport.kind)
+    served = start_server(options, [servicer.register])
+    ready(f"serving hetspec.v1.Drafter ({config.drafter_kind}) on {options.host}:{served.port} "
+          f"(profile {profile.source})")
+    wait_for_signal()
+    served.stop()
+    drafter.close()
+    return 0

@@ -1,0 +1,75 @@
+"""`hetspec serve`: the profile's engine behind `hetspec.v1.Generation`, optionally with /metrics."""
+
+import argparse
+
+from prometheus_client import start_http_server
+
+from orchestrator.assemble import build_engine
+from orchestrator.cli.common import ready, wait_for_signal
+from orchestrator.errors import HetspecError
+from orchestrator.profiles import Profile, load_profile
+from orchestrator.server import EngineLoop, EngineMetrics, GenerationServicer, ServerOptions, start_server
+from orchestrator.server.channels import token_from_env
+from orchestrator.tracing import Tracer
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser("serve", help="serve hetspec.v1.Generation (streaming generation) over gRPC")
+    add_server_args(s, "server.port")
+    s.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this port of --host (default: the profile's "
+                        "server.metrics_port, off; 0 = any free port)")
+    s.set_defaults(func=run)
+
+
+def add_server_args(p: argparse.ArgumentParser, port_key: str) -> None:
+    p.add_argument("--profile", default="cpu", metavar="FILE|NAME", help="placement profile (default: the shipped 'cpu')")
+    p.add_argument("--host", default=None, help="address to bind (default: the profile's server.host, 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help=f"port (default: the profile's {port_key}; 0 = any free port)")
+
+
+def server_options(profile: Profile, host: str | None, port: int | None, default_port: int) -> ServerOptions:
+    s = profile.server
+    if port is not None and not 0 <= port <= 65535:
+        raise HetspecError(f"--port must be in 0..65535, got {port}")
+    tls = s.tls
+    return ServerOptions(host=host or s.host, port=default_port if port is None else port,
+                         max_message_bytes=profile.transport.max_message_bytes,
+                         max_workers=s.max_concurrent_requests + 8,  # + health checks, status, refusals
+                         tls_cert_file=tls.cert_file if tls else None, tls_key_file=tls.key_file if tls else None,
+                         tls_ca_file=tls.ca_file if tls else None, token=token_from_env(s.auth_token_env))
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile)
+    options = server_options(profile, args.host, args.port, profile.server.port)
+    metrics_port = args.metrics_port if args.metrics_port is not None else profile.server.metrics_port
+    config = profile.engine_config()
+    # spans feed the metrics only (no span history is kept in a long-running server)
+    tracer = Tracer(enabled=metrics_port is not None, keep=False)
+    engine = build_engine(config, tracer=tracer, progress=True)
+    loop = EngineLoop(engine, config.drafter_kind, max_active=profile.server.max_concurrent_requests)
+    servicer = GenerationServicer(loop, engine.tokenizer, max_new_tokens_limit=profile.server.max_new_tokens)
+    served = start_server(options, [servicer.register])
+    if metrics_port is not None:
+        serve_metrics(engine, options.host, metrics_port)
+    drafter = f"drafter {config.drafter_kind} k={config.num_speculative_tokens}" if engine.drafter else "target only"
+    ready(f"serving hetspec.v1.Generation on {options.host}:{served.port} "
+          f"(profile {profile.source}, {drafter}{', TLS' if options.tls_cert_file else ''}"
+          f"{', token auth' if options.token else ''})")
+    wait_for_signal()
+    served.stop()
+    loop.stop()
+    if engine.drafter is not None:
+        engine.drafter.close()
+    return 0
+
+
+def serve_metrics(engine, host: str, port: int) -> None:
+    """Prometheus text format at http://host:port/metrics, fed by the engine's spans."""
+    metrics = EngineMetrics(engine)
+    try:
+        server, _ = start_http_server(port, addr=host, registry=metrics.registry)
+    except OSError as e:
+        raise HetspecError(f"cannot serve metrics on {host}:{port}: {e}") from None
+    ready(f"metrics on http://{host}:{server.server_port}/metrics")

@@ -1,0 +1,19 @@
+"""The speculative decoding engine: one step reads schedule -> propose -> verify -> commit -> emit.
+
+    engine = Engine(target, tokenizer, drafter, num_speculative_tokens=4, eos_token_ids=eos)
+    seq = engine.generate(prompt_ids, SamplingParams(max_new_tokens=64))
+    # or, serving: engine.add_request(...); while engine.has_work(): outputs = engine.step()
+
+Rooms: `engine` (the step), `scheduler` (admission and preemption), `sequence` (per-request
+state and stats), `drafter` (the interface every drafter implements), `verify` and `sampling`
+(pure tensor functions), `preemption` and `swap` (K/V to host or recomputed), `detok`
+(incremental text with stop strings). The engine knows the target runner (`orchestrator.models`)
+and the block protocol (for swapping); it knows no drafter kind, no profile and no service.
+"""
+
+from orchestrator.engine.drafter import Drafter, DrafterStatus, DraftProposal, DraftRequest
+from orchestrator.engine.engine import Engine, StepOutput
+from orchestrator.engine.sequence import Sequence, SpecStats, Status
+
+__all__ = ["Drafter", "DraftProposal", "DraftRequest", "DrafterStatus", "Engine", "Sequence", "SpecStats", "Status",
+           "StepOutput"]

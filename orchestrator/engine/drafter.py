@@ -1,0 +1,88 @@
+"""The drafter interface the engine talks to; local and remote drafters look the same."""
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftProposal:
+    """Draft tokens for one sequence.
+
+    `draft_ids` may be shorter than the k asked for (an n-gram drafter that finds no match
+    proposes nothing). `draft_probs` is the drafter's distribution q at each draft position,
+    already under the request's sampling transform, or None for a greedy (one-hot) drafter.
+    """
+
+    draft_ids: list[int]  # [num_draft]
+    draft_probs: torch.Tensor | None = None  # [num_draft, vocab] float32, rows sum to 1
+    # True when the drafter could not be asked (a remote drafter that is down): the step
+    # runs target-only and the request's stats count it
+    unavailable: bool = False
+
+
+@dataclass
+class DraftRequest:
+    """One sequence's entry in a batched propose."""
+
+    seq_id: int
+    k: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
+
+
+@dataclass(frozen=True)
+class DrafterStatus:
+    """What a server's status call reports about the drafter."""
+
+    state: str = "in-process"  # in-process | connected | connecting | unavailable
+    num_reconnects: int = 0
+
+
+class Drafter(ABC):
+    """Proposes tokens for sequences whose committed tokens it is told about.
+
+    The drafter owns its own state (KV cache, n-gram index). The contract:
+    `start(seq_id, prompt_ids)` opens a sequence; `propose(seq_id, k, ...)` returns up to k
+    draft tokens continuing the committed tokens (it may advance internal caches over its own
+    drafts); `extend(seq_id, token_ids)` appends committed tokens (accepted drafts followed by
+    the recovered or bonus token), after which the drafter must discard whatever it had cached
+    past the longest common prefix; `rollback(seq_id, n)` removes the last n committed tokens;
+    `finish(seq_id)` frees everything for the sequence.
+    """
+
+    name: str = "drafter"  # labels its trace track and stats
+    device: str = "cpu"  # where it computes (its trace track); host-side drafters say "cpu"
+
+    @abstractmethod
+    def start(self, seq_id: int, prompt_ids: list[int]) -> None: ...
+
+    @abstractmethod
+    def propose(
+        self, seq_id: int, k: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> DraftProposal: ...
+
+    def propose_batch(self, requests: list[DraftRequest]) -> dict[int, DraftProposal]:
+        """Drafts for several sequences in one call (one engine step). Local drafters run
+        them one by one; a remote drafter sends them as one frame."""
+        return {r.seq_id: self.propose(r.seq_id, r.k, r.temperature, r.top_k, r.top_p, r.generator)
+                for r in requests}
+
+    @abstractmethod
+    def extend(self, seq_id: int, token_ids: list[int]) -> None: ...
+
+    @abstractmethod
+    def rollback(self, seq_id: int, n: int) -> None: ...
+
+    @abstractmethod
+    def finish(self, seq_id: int) -> None: ...
+
+    def status(self) -> DrafterStatus:
+        return DrafterStatus()
+
+    def close(self) -> None:
+        """Release process-wide resources (sessions, sockets)."""

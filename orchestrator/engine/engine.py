@@ -1,0 +1,313 @@
+"""The speculative decoding engine: schedule -> propose -> verify -> commit -> emit."""
+
+import itertools
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+
+from orchestrator.config import SamplingParams
+from orchestrator.engine.detok import TextStream
+from orchestrator.engine.drafter import Drafter, DraftProposal, DraftRequest
+from orchestrator.engine.preemption import PreemptionPolicy
+from orchestrator.engine.sampling import logits_to_probs
+from orchestrator.engine.scheduler import Scheduler
+from orchestrator.engine.sequence import Sequence, Status
+from orchestrator.engine.swap import HostKv, swap_in, swap_out
+from orchestrator.engine.verify import VerifyResult, greedy_verify, rejection_verify
+from orchestrator.errors import InvalidRequestError
+from orchestrator.models import TargetRunner
+from orchestrator.tracing import HOST_TRACK, Tracer, drafter_track, target_track
+from protocol import StagingPool
+
+
+@dataclass
+class StepOutput:
+    """What one step committed for one sequence."""
+
+    seq_id: int
+    token_ids: list[int]  # newly committed
+    text: str  # newly emitted text
+    finished: bool
+    finish_reason: str | None = None
+
+
+class Engine:
+    """Runs requests over one target and (optionally) one drafter.
+
+    `tracer` records every phase as spans (off unless a profiling run or metrics want them);
+    `staging` holds the host buffers a preempted sequence's K/V is swapped into.
+    """
+
+    def __init__(self, target: TargetRunner, tokenizer, drafter: Drafter | None = None,
+                 num_speculative_tokens: int = 4, max_num_seqs: int = 16,
+                 eos_token_ids: tuple[int, ...] = (), adaptive_k: bool = False, preemption: str = "auto",
+                 tracer: Tracer | None = None, staging: StagingPool | None = None):
+        self.target = target
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        self.k = num_speculative_tokens if drafter is not None else 0
+        self.adaptive_k = adaptive_k
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.preemption = PreemptionPolicy(preemption)
+        self.staging = staging or StagingPool(target.device)
+        self._swapped: dict[int, HostKv] = {}  # seq_id -> K/V of a preempted sequence, on the host
+        self.num_preemptions_swap = 0
+        self.num_preemptions_recompute = 0
+        self.scheduler = Scheduler(target.pool, max_num_seqs, preempt=self._preempt)
+        pool_tokens = target.pool.num_blocks * target.pool.block_size
+        # longest sequence we can hold: a verify step adds up to k + 1 positions at once
+        self.max_len = min(target.max_context, pool_tokens - self.k - 1)
+        self.sequences: dict[int, Sequence] = {}
+        self._streams: dict[int, TextStream] = {}
+        self._ids = itertools.count()
+        self.tracer = tracer or Tracer(enabled=False)
+        self.num_steps = 0
+        self._host = HOST_TRACK
+        self._target_track = target_track(target.device)
+        self._drafter_track = drafter_track(drafter.device, drafter.name) if drafter is not None else None
+        self._flows: dict[int, int] = {}  # seq_id -> flow of this step's draft ids
+
+    # ---- requests --------------------------------------------------------------------
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        params.validate()
+        if not prompt_ids:
+            raise InvalidRequestError("prompt is empty")
+        if len(prompt_ids) >= self.max_len:
+            raise InvalidRequestError(f"prompt has {len(prompt_ids)} tokens; the context limit is {self.max_len}")
+        vocab = self.target.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
+        k = self.k if params.speculate else 0
+        if params.num_speculative_tokens is not None:  # a request may draft less, never more
+            k = min(k, params.num_speculative_tokens)
+        seq = Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), params=params, k=k, draft_len=k)
+        if params.seed is not None:
+            seq.generator = torch.Generator().manual_seed(params.seed)
+        self.sequences[seq.seq_id] = seq
+        self._streams[seq.seq_id] = TextStream(self.tokenizer, params.stop)
+        self.scheduler.add(seq)
+        return seq.seq_id
+
+    def cancel(self, seq_id: int) -> None:
+        seq = self.sequences.get(seq_id)
+        if seq is not None and seq.status is not Status.FINISHED:
+            self._finish(seq, "cancelled")
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- the step --------------------------------------------------------------------
+
+    def step(self) -> list[StepOutput]:
+        with self.tracer.span("schedule", self._host, step=self.num_steps):
+            seqs = self.scheduler.schedule()
+            self._swap_in(seqs)
+        if not seqs:
+            return []
+        drafts = self._propose(seqs)
+        results = self._verify(seqs, drafts)
+        outputs = [self._commit(seq, drafts[seq.seq_id], res) for seq, res in zip(seqs, results)]
+        self.num_steps += 1
+        self.tracer.flush()  # reads device timers: one sync per step, after the work
+        return outputs
+
+    def _propose(self, seqs: list[Sequence]) -> dict[int, DraftProposal]:
+        drafts, requests = {}, []
+        for seq in seqs:
+            k = self._draft_len(seq)
+            if k == 0:
+                drafts[seq.seq_id] = DraftProposal(draft_ids=[])
+                continue
+            p = seq.params
+            requests.append(DraftRequest(seq.seq_id, k, p.temperature, p.top_k, p.top_p, seq.generator))
+        if not requests:
+            return drafts
+        t0 = time.perf_counter()
+        flow = self.tracer.new_flow()
+        self._flows.update((r.seq_id, flow) for r in requests)
+        # one span per step (a batched drafter answers for every sequence at once)
+        request = requests[0].seq_id if len(requests) == 1 else None
+        with self.tracer.span("draft", self._drafter_track, self.num_steps, request, flow_out=flow):
+            drafts.update(self.drafter.propose_batch(requests))
+        elapsed = time.perf_counter() - t0
+        for r in requests:
+            seq = self.sequences[r.seq_id]
+            seq.stats.time_draft_s += elapsed
+            if drafts[r.seq_id].unavailable:
+                seq.stats.num_fallback_steps += 1
+        return drafts
+
+    def _draft_len(self, seq: Sequence) -> int:
+        if not seq.prefilled or seq.k == 0:
+            return 0
+        room = self.max_len - seq.num_tokens - 1
+        return max(0, min(seq.draft_len, seq.remaining - 1, room))
+
+    def _verify(self, seqs: list[Sequence], drafts: dict[int, DraftProposal]) -> list[VerifyResult]:
+        batch = []
+        for seq in seqs:
+            # committed tokens without K/V: the whole prompt at first (or after a preemption),
+            # afterwards just the newest token; then the drafts
+            pending = seq.ids_from(self.target.kv_length(seq.seq_id))
+            d = drafts[seq.seq_id].draft_ids
+            batch.append((seq.seq_id, pending + d, len(d) + 1))
+        t0 = time.perf_counter()
+        # draft ids reach the target in process (a list, no copy); the flow marks the hand-off
+        flows, self._flows = tuple(dict.fromkeys(self._flows.values())), {}
+        phase = "verify" if any(seq.prefilled for seq in seqs) else "prefill"
+        num_tokens = sum(len(b[1]) for b in batch)
+        with self.tracer.span(phase, self._target_track, self.num_steps, flow_in=flows, num_tokens=num_tokens):
+            outputs = self.target.forward(batch)
+        results = [self._accept(seq, drafts[seq.seq_id], out.logits) for seq, out in zip(seqs, outputs)]
+        if self.target.device.type != "cpu":  # the committed ids go to the host: time that copy
+            with self.tracer.span("d2h", self._target_track, self.num_steps, nbytes=_nbytes(results)):
+                results = [replace(r, output_ids=r.output_ids.cpu(), num_accepted=r.num_accepted.cpu())
+                           for r in results]
+        elapsed = time.perf_counter() - t0
+        self.preemption.record_forward(num_tokens, elapsed)
+        for seq in seqs:
+            if seq.prefilled:
+                seq.stats.time_verify_s += elapsed
+            else:
+                seq.stats.time_prefill_s += elapsed
+        return results
+
+    def _accept(self, seq: Sequence, draft: DraftProposal, logits: torch.Tensor) -> VerifyResult:
+        # logits: [num_draft + 1, vocab]
+        with self.tracer.span("accept", self._target_track, self.num_steps, seq.seq_id):
+            return self._accept_reject(seq, draft, logits)
+
+    def _accept_reject(self, seq: Sequence, draft: DraftProposal, logits: torch.Tensor) -> VerifyResult:
+        # logits: [num_draft + 1, vocab]
+        n = len(draft.draft_ids)
+        draft_ids = torch.tensor([draft.draft_ids], dtype=torch.long).view(1, n)
+        num_draft = torch.tensor([n], dtype=torch.long)
+        p = seq.params
+        if p.greedy:
+            return greedy_verify(draft_ids, num_draft, logits[None])
+        target_probs = logits_to_probs(logits[None], p.temperature, p.top_k, p.top_p)
+        q = None if draft.draft_probs is None else draft.draft_probs[None]
+        return rejection_verify(draft_ids, num_draft, q, target_probs, seq.generator)
+
+    # ---- commit and emit -------------------------------------------------------------
+
+    def _commit(self, seq: Sequence, draft: DraftProposal, res: VerifyResult) -> StepOutput:
+        tracer, step = self.tracer, self.num_steps
+        with tracer.span("commit", self._host, step, seq.seq_id) as span:
+            num_accepted = int(res.num_accepted[0])
+            new_ids = res.output_ids[0, :num_accepted + 1].tolist()
+            if span is not None and seq.prefilled:  # a verify step (not the prefill): its counts
+                span.args.update(num_draft=len(draft.draft_ids), num_accepted=num_accepted)
+            self._record(seq, draft, num_accepted, len(new_ids))
+        first = not seq.prefilled
+        # K/V is kept for every committed token but the newest, which is fed next step.
+        with tracer.span("rollback", self._target_track, step, seq.seq_id):
+            self.target.rollback(seq.seq_id, seq.num_tokens + num_accepted)
+        if first and self.drafter is not None and seq.k:
+            # outside any span: a drafter that moves the prompt's K/V records its own transfer spans
+            self.drafter.start(seq.seq_id, seq.prompt_ids)
+        with tracer.span("emit", self._host, step, seq.seq_id):
+            return self._emit(seq, new_ids)
+
+    def _record(self, seq: Sequence, draft: DraftProposal, num_accepted: int, num_committed: int) -> None:
+        if not seq.prefilled:
+            seq.first_token_s = time.perf_counter()
+        else:
+            seq.stats.record(len(draft.draft_ids), num_accepted, num_committed)
+            if self.adaptive_k and draft.draft_ids:
+                seq.draft_len = _next_draft_len(seq.draft_len, len(draft.draft_ids), num_accepted, seq.k)
+
+    def _emit(self, seq: Sequence, new_ids: list[int]) -> StepOutput:
+        """Apply EOS/length/stop limits, stream the new text, finish or hand ids to the drafter."""
+        new_ids, reason = self._apply_limits(seq, new_ids)
+        seq.output_ids.extend(new_ids)
+        if reason is None and seq.num_tokens >= self.max_len:
+            reason = "length"
+        stream = self._streams[seq.seq_id]
+        text, stopped = stream.update(seq.output_ids, final=reason is not None)
+        seq.text = stream.emitted
+        if stopped:
+            reason = "stop"
+        if reason is not None:
+            self._finish(seq, reason)
+        elif self.drafter is not None and seq.k:
+            self.drafter.extend(seq.seq_id, new_ids)
+        return StepOutput(seq.seq_id, new_ids, text, reason is not None, reason)
+
+    def _apply_limits(self, seq: Sequence, new_ids: list[int]) -> tuple[list[int], str | None]:
+        for i, t in enumerate(new_ids):
+            if t in self.eos_token_ids and not seq.params.ignore_eos:
+                return new_ids[:i + 1], "eos"
+        if len(new_ids) >= seq.remaining:
+            return new_ids[:seq.remaining], "length"
+        return new_ids, None
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        seq.finish_s = time.perf_counter()
+        self.scheduler.remove(seq)
+        self.target.free(seq.seq_id)
+        kv = self._swapped.pop(seq.seq_id, None)  # finished or cancelled while swapped out
+        if kv is not None:
+            kv.release()
+        if self.drafter is not None and seq.k:
+            self.drafter.finish(seq.seq_id)
+
+    # ---- preemption ------------------------------------------------------------------
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Take a sequence's K/V out of the pool: to host memory, or dropped to be recomputed."""
+        pool = self.target.pool
+        num_bytes = len(pool.tables.get(seq.seq_id, ())) * pool.kv[:, :, 0].nbytes  # block: [L, 2, bs, H, D]
+        if self.preemption.choose(num_bytes, self.target.kv_length(seq.seq_id)) == "recompute":
+            self.target.free(seq.seq_id)
+            self.num_preemptions_recompute += 1
+            return
+        t0 = time.perf_counter()
+        self._swapped[seq.seq_id] = swap_out(self.target, seq.seq_id, self.staging)
+        self.preemption.record_copy(num_bytes, time.perf_counter() - t0)
+        self.num_preemptions_swap += 1
+
+    def _swap_in(self, seqs: list[Sequence]) -> None:
+        """Put swapped-out K/V back for re-admitted sequences (the scheduler reserved the blocks)."""
+        for seq in seqs:
+            kv = self._swapped.pop(seq.seq_id, None)
+            if kv is None:
+                continue
+            t0 = time.perf_counter()
+            num_bytes = kv.nbytes
+            swap_in(self.target, seq.seq_id, kv)
+            self.preemption.record_copy(num_bytes, time.perf_counter() - t0)
+
+    # ---- convenience -----------------------------------------------------------------
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams,
+                 on_output: Callable[[StepOutput], None] | None = None) -> Sequence:
+        """Run one request to completion (other requests in flight advance too)."""
+        seq_id = self.add_request(prompt_ids, params)
+        seq = self.sequences[seq_id]
+        while seq.status is not Status.FINISHED:
+            for out in self.step():
+                if out.seq_id == seq_id and on_output is not None:
+                    on_output(out)
+        return self.release(seq_id)
+
+    def release(self, seq_id: int) -> Sequence:
+        """Forget a finished request and hand back its final state."""
+        self._streams.pop(seq_id, None)
+        return self.sequences.pop(seq_id)
+
+
+def _nbytes(results: list[VerifyResult]) -> int:
+    return sum(r.output_ids.nbytes + r.num_accepted.nbytes for r in results)
+
+
+def _next_draft_len(current: int, num_draft: int, num_accepted: int, k_max: int) -> int:
+    """Dynamic speculation (HF's heuristic): +2 after a fully accepted draft, else -1; in [1, k_max]."""
+    if num_accepted == num_draft:
+        return min(k_max, current + 2)
+    return max(1, current - 1)

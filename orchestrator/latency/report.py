@@ -1,0 +1,128 @@
+"""report.md for one summarized run, and the side-by-side table of two runs (`profile compare`)."""
+
+from orchestrator.latency.summary import PERCENTILES
+from orchestrator.tracing import PHASES
+
+
+def _f(value, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)] + \
+           ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def _throughput(run: dict) -> list[str]:
+    rows = []
+    for side in run["sides"]:
+        sm = side["summary"]
+        spec = sm.get("speculation") or {}
+        rows.append([side["name"], str(sm["output_tokens"]), _f(sm["tokens_per_s"]), _f(sm["ttft_ms"].get("p50"), 1),
+                     _f(sm["tpot_ms"], 1), _f(spec.get("speedup")), _f(spec.get("speedup_decode")),
+                     _f(sm["span_coverage"] * 100, 1)])
+    return _table(["side", "tokens", "tokens/s", "TTFT p50 ms", "TPOT ms", "speedup", "decode speedup",
+                   "phases / wall %"], rows)
+
+
+def _phases(side: dict) -> list[str]:
+    sm = side["summary"]
+    rows = []
+    for phase, st in sm["phases"].items():
+        pct = st["per_step_ms"]
+        tracks = ", ".join(sorted(st["by_track_ms"]))
+        rows.append([phase, tracks, *(_f(pct[f"p{q}"]) for q in PERCENTILES), _f(st["total_ms"], 0),
+                     _f(100 * st["total_ms"] / sm["wall_ms"], 1)])
+    absent = [p for p in PHASES if p not in sm["phases"]]
+    lines = _table(["phase", "device track", *(f"p{q} ms/step" for q in PERCENTILES), "total ms", "% of wall"], rows)
+    if absent:
+        lines.append(f"\nNot present in this run (no such work happened): {', '.join(absent)}.")
+    return lines
+
+
+def _acceptance(run: dict) -> list[str]:
+    rows = []
+    for side in run["sides"]:
+        if not side["k"]:
+            continue
+        acc, spec = side["summary"]["acceptance"], side["summary"]["speculation"]
+        per_pos = " ".join(_f(a) for a in acc["acceptance_per_position"])
+        rows.append([side["name"], per_pos, _f(acc["alpha"]), _f(acc["mean_accepted_length"]), _f(spec["c"], 3),
+                     _f(spec["bound"]), _f(spec["speedup_decode"]), _f(spec["efficiency"]), _f(spec["verify_cost"]),
+                     _f(spec["bound_measured_verify"]), _f(spec["efficiency_measured_verify"])])
+    return _table(["side", "acceptance by position", "α", "mean accepted length", "c", "bound",
+                   "decode speedup", "efficiency", "v", "bound at v", "efficiency at v"], rows)
+
+
+def _headline(run: dict) -> list[str]:
+    s = run["summary"]
+    met = "met" if s["efficiency_goal_met"] else "NOT met"
+    spec = next(side for side in run["sides"] if side["k"] == s["default_k"])["summary"]["speculation"]
+    transfer = ", ".join(spec["transfer_phases"]) or "none occurred in this run"
+    return [
+        f"**k = {s['default_k']}: decode speedup {s['speedup_decode']:.2f}× (end to end {s['speedup']:.2f}×), "
+        f"Leviathan bound {s['bound']:.2f}×, efficiency {s['efficiency']:.2f} "
+        f"(goal ≥ {s['efficiency_goal']}: {met}).**",
+        "",
+        f"Bound = (1 − α^(k+1)) / ((1 − α)(k·c + 1)) with α = {s['alpha']:.3f} "
+        f"(accepted ÷ (accepted + rejected) draft tokens) and c = {s['c']:.3f} = "
+        f"(draft {spec['draft_ms_per_token']:.2f} ms + transfer {spec['transfer_ms_per_token']:.2f} ms per draft token)"
+        f" ÷ target step {spec['target_step_ms']:.2f} ms (baseline TPOT). Transfer phases: {transfer}.",
+        "",
+        f"The bound assumes verifying k + 1 positions costs one target step. Measured here, a verify step costs "
+        f"v = {s['verify_cost']:.2f} target steps; with that cost in the denominator (k·c + v) the bound is "
+        f"{s['bound_measured_verify']:.2f}× and the achieved decode speedup is {s['efficiency_measured_verify']:.2f} "
+        "of it.",
+    ]
+
+
+def render_report(run: dict) -> str:
+    env, wl = run["environment"], run["workload"]
+    lines = [f"# Profiling run: profile `{run['profile']['name']}`, workload `{wl['name']}`", "",
+             f"{wl['num_prompts']} prompts × {wl['max_new_tokens']} new tokens, sides interleaved prompt by prompt; "
+             f"{run['created']}; torch {env['torch']} ({env['torch_threads']} threads), onnxruntime "
+             f"{env['onnxruntime']}, {env['cpu_count']} CPUs, commit {env['git_commit']}. Schema `{run['schema']}`.",
+             "", *_headline(run), "", "## Throughput and latency", "", *_throughput(run), "",
+             "## Acceptance and the bound", "", *_acceptance(run), ""]
+    for side in run["sides"]:
+        lines += [f"## Phases: {side['name']}", "", *_phases(side), ""]
+    lines += ["## Plots", "", "![latency](latency.png)", "![acceptance](acceptance.png)", "![speedup](speedup.png)", ""]
+    return "\n".join(lines)
+
+
+_COMPARE = [  # (label, getter on a side summary, higher is better)
+    ("tokens/s", lambda sm: sm["tokens_per_s"]),
+    ("TPOT ms", lambda sm: sm["tpot_ms"]),
+    ("TTFT p50 ms", lambda sm: sm["ttft_ms"].get("p50")),
+    ("speedup", lambda sm: (sm.get("speculation") or {}).get("speedup")),
+    ("α", lambda sm: (sm.get("acceptance") or {}).get("alpha")),
+    ("mean accepted length", lambda sm: (sm.get("acceptance") or {}).get("mean_accepted_length")),
+    ("efficiency", lambda sm: (sm.get("speculation") or {}).get("efficiency")),
+    ("efficiency at measured v", lambda sm: (sm.get("speculation") or {}).get("efficiency_measured_verify")),
+]
+
+
+def render_compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> str:
+    """A Markdown table: every side both runs have, each metric in A and B, and B ÷ A."""
+    sides_b = {s["name"]: s for s in b["sides"]}
+    rows = []
+    for side in a["sides"]:
+        if side["name"] not in sides_b:
+            continue
+        sa, sb = side["summary"], sides_b[side["name"]]["summary"]
+        metrics = _COMPARE + [(f"{p} p50 ms/step", _phase_p50(p)) for p in PHASES
+                              if p in sa["phases"] or p in sb["phases"]]
+        for label, get in metrics:
+            va, vb = get(sa), get(sb)
+            if va is None and vb is None:
+                continue
+            ratio = _f(vb / va, 3) if va and vb is not None else "–"
+            rows.append([side["name"], label, _f(va), _f(vb), ratio])
+    header = f"A = {name_a} ({a['profile']['name']}, {a['workload']['name']}); " \
+             f"B = {name_b} ({b['profile']['name']}, {b['workload']['name']})"
+    return "\n".join([header, "", *_table(["side", "metric", "A", "B", "B / A"], rows)])
+
+
+def _phase_p50(phase: str):
+    return lambda sm: sm["phases"][phase]["per_step_ms"]["p50"] if phase in sm["phases"] else None
+

@@ -1,0 +1,160 @@
+"""Per-side and run-level metrics from a run's raw requests and spans.
+
+The Leviathan et al. (2023) bound on speculative speedup, for per-token acceptance α, draft
+length k and cost ratio c:
+    speedup <= (1 - α^(k+1)) / ((1 - α) (k c + 1))
+α is measured as accepted / (accepted + rejected) draft tokens (the per-token acceptance
+probability under the i.i.d. model: every step ends at its first rejection, or accepts all).
+c = (draft + transfer time per draft token) / (baseline target time per decoded token).
+The bound assumes a verify over k + 1 positions costs one target step. We also report it
+with the measured verify cost v (a speculative step's time outside drafting and transfer ÷
+the baseline step): (1 - α^(k+1)) / ((1 - α)(k c + v)); the gap between the two bounds is
+what wider verification costs on this device.
+"""
+
+from collections import defaultdict
+
+import numpy as np
+
+from orchestrator.latency.runner import BASELINE
+from orchestrator.tracing import PHASES
+
+TRANSFER_PHASES = ("d2h", "serialize", "wire", "deserialize", "h2d")
+PERCENTILES = (50, 90, 99)
+
+
+def leviathan_bound(alpha: float, k: int, c: float, v: float = 1.0) -> float:
+    """(1 - α^(k+1)) / ((1 - α)(k c + v)); v = 1 is Leviathan's bound; the α -> 1 limit is (k + 1) / (k c + v)."""
+    expected_tokens = k + 1 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return expected_tokens / (k * c + v)
+
+
+def percentiles(values: list[float]) -> dict:
+    if not values:
+        return {}
+    arr = np.asarray(values, dtype=np.float64)
+    out = {f"p{q}": float(np.percentile(arr, q)) for q in PERCENTILES}
+    out["mean"] = float(arr.mean())
+    return out
+
+
+def phase_stats(requests: list[dict]) -> dict:
+    """Per phase that occurred: per-step time percentiles, total, count, and totals per track."""
+    per_step: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
+    by_track: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for r in requests:
+        for s in r["spans"]:
+            per_step[s["name"]][(r["prompt_index"], s.get("step"))] += s["dur_ms"]
+            by_track[s["name"]][f"{s['device']} {s['role']}"] += s["dur_ms"]
+    order = [p for p in PHASES if p in per_step] + sorted(set(per_step) - set(PHASES))
+    return {name: {"total_ms": sum(per_step[name].values()), "num_steps": len(per_step[name]),
+                   "per_step_ms": percentiles(list(per_step[name].values())),
+                   "by_track_ms": dict(by_track[name])} for name in order}
+
+
+def acceptance(requests: list[dict]) -> dict:
+    """Acceptance per draft position, α, mean accepted length, from the commit spans' counts."""
+    drafted: list[int] = []
+    accepted: list[int] = []
+    num_steps = num_accepted = num_rejected = num_committed = 0
+    for r in requests:
+        for s in r["spans"]:
+            if s["name"] != "commit" or "num_draft" not in s.get("args", {}):  # prefill commits have none
+                continue
+            d, a = s["args"]["num_draft"], s["args"]["num_accepted"]
+            grow = d - len(drafted)
+            drafted += [0] * max(0, grow)
+            accepted += [0] * max(0, grow)
+            for j in range(d):
+                drafted[j] += 1
+                accepted[j] += j < a
+            num_steps += 1
+            num_accepted += a
+            num_rejected += a < d
+            num_committed += a + 1
+    evaluated = num_accepted + num_rejected
+    return {
+        "drafted_per_position": drafted,
+        "accepted_per_position": accepted,
+        "acceptance_per_position": [a / d if d else 0.0 for a, d in zip(accepted, drafted)],
+        "acceptance_rate": num_accepted / sum(drafted) if drafted and sum(drafted) else 0.0,
+        "alpha": num_accepted / evaluated if evaluated else 0.0,
+        "num_verify_steps": num_steps,
+        "mean_accepted_length": num_committed / num_steps if num_steps else 0.0,
+    }
+
+
+def side_summary(side: dict) -> dict:
+    """Throughput, latency, phases and acceptance of one side."""
+    reqs = side["requests"]
+    tokens = sum(r["output_tokens"] for r in reqs)
+    wall_ms = sum(r["wall_ms"] for r in reqs)
+    decode_ms = sum(r["wall_ms"] - r["ttft_ms"] for r in reqs)
+    decode_tokens = sum(max(0, r["output_tokens"] - 1) for r in reqs)
+    span_ms = sum(s["dur_ms"] for r in reqs for s in r["spans"])
+    phases = phase_stats(reqs)
+    return {
+        "num_requests": len(reqs),
+        "output_tokens": tokens,
+        "wall_ms": wall_ms,
+        "span_ms": span_ms,
+        "span_coverage": span_ms / wall_ms if wall_ms else 0.0,  # phases add up to wall time at 1.0
+        "tokens_per_s": tokens / wall_ms * 1e3 if wall_ms else 0.0,
+        "tpot_ms": decode_ms / decode_tokens if decode_tokens else None,
+        "ttft_ms": percentiles([r["ttft_ms"] for r in reqs]),
+        "tpot_ms_per_request": percentiles([r["tpot_ms"] for r in reqs if r["tpot_ms"] is not None]),
+        "phases": phases,
+        "acceptance": acceptance(reqs) if side["k"] else None,
+    }
+
+
+def speculation(side: dict, summary: dict, base: dict) -> dict:
+    """Speedup over the baseline, α, c, the Leviathan bound and achieved / bound."""
+    acc, phases = summary["acceptance"], summary["phases"]
+    num_drafted = sum(acc["drafted_per_position"])
+    draft_ms = phases.get("draft", {}).get("total_ms", 0.0)
+    transfer_ms = sum(phases[p]["total_ms"] for p in TRANSFER_PHASES if p in phases)
+    target_step_ms = base["tpot_ms"]
+    c = (draft_ms + transfer_ms) / num_drafted / target_step_ms if num_drafted and target_step_ms else 0.0
+    bound = leviathan_bound(acc["alpha"], side["k"], c)
+    speedup_decode = target_step_ms / summary["tpot_ms"] if summary["tpot_ms"] else 0.0
+    # v: a verify step's own cost (all but drafting, transfers and the prefill) in baseline steps
+    verify_ms = sum(st["total_ms"] for p, st in phases.items() if p not in ("draft", "prefill", *TRANSFER_PHASES))
+    v = verify_ms / acc["num_verify_steps"] / target_step_ms if acc["num_verify_steps"] and target_step_ms else 1.0
+    bound_v = leviathan_bound(acc["alpha"], side["k"], c, v)
+    return {
+        "k": side["k"],
+        "speedup": summary["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else 0.0,
+        "speedup_decode": speedup_decode,
+        "alpha": acc["alpha"],
+        "c": c,
+        "draft_ms_per_token": draft_ms / num_drafted if num_drafted else 0.0,
+        "transfer_ms_per_token": transfer_ms / num_drafted if num_drafted else 0.0,
+        "target_step_ms": target_step_ms,
+        "transfer_phases": [p for p in TRANSFER_PHASES if p in phases],
+        "bound": bound,
+        "efficiency": speedup_decode / bound if bound else 0.0,
+        "verify_cost": v,
+        "bound_measured_verify": bound_v,
+        "efficiency_measured_verify": speedup_decode / bound_v if bound_v else 0.0,
+    }
+
+
+def summarize(run: dict, default_k: int | None = None) -> dict:
+    """Adds `summary` to every side and a run-level `summary`; returns the run."""
+    for side in run["sides"]:
+        side["summary"] = side_summary(side)
+    base = next(s for s in run["sides"] if s["name"] == BASELINE)["summary"]
+    spec = {}
+    for side in run["sides"]:
+        if side["k"]:
+            side["summary"]["speculation"] = spec[side["k"]] = speculation(side, side["summary"], base)
+    ks = sorted(spec)
+    k = default_k if default_k in spec else ks[len(ks) // 2]
+    run["summary"] = {"baseline": BASELINE, "default_k": k, "ks": ks,
+                      "efficiency_goal": 0.85, **{f: spec[k][f] for f in ("speedup", "speedup_decode",
+                                                                          "alpha", "c", "bound", "efficiency",
+                                                                          "verify_cost", "bound_measured_verify",
+                                                                          "efficiency_measured_verify")}}
+    run["summary"]["efficiency_goal_met"] = run["summary"]["efficiency"] >= 0.85
+    return run

@@ -1,0 +1,249 @@
+"""A small decoder-only transformer (Llama and Gemma 3 families) over a paged KV pool.
+
+Tokens of several sequences are flattened into one batch for every linear layer; attention
+runs per sequence over the K/V gathered from its blocks. Weights come from a safetensors
+checkpoint directory with Hugging Face names.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from orchestrator.errors import CheckpointError
+from orchestrator.models.kv_pool import BlockPool
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture facts read once from config.json."""
+
+    family: str  # "llama" | "gemma3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: tuple[float, ...]  # per layer
+    sliding_window: tuple[int | None, ...]  # per layer; None = full attention
+    attn_scale: float
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+
+    @staticmethod
+    def from_config(cfg: dict) -> "ModelSpec":
+        family = {"llama": "llama", "gemma3_text": "gemma3", "gemma3": "gemma3"}.get(cfg.get("model_type"))
+        if family is None:
+            raise CheckpointError(
+                f"unsupported architecture {cfg.get('model_type')!r}: supported are llama, gemma3_text"
+            )
+        if family == "gemma3" and "text_config" in cfg:
+            cfg = {**cfg["text_config"], "model_type": "gemma3_text"}
+        n_layers = cfg["num_hidden_layers"]
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        layer_types = cfg.get("layer_types") or ["full_attention"] * n_layers
+        return ModelSpec(
+            family=family,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=n_layers,
+            num_heads=cfg["num_attention_heads"],
+            num_kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+            head_dim=head_dim,
+            rms_norm_eps=cfg["rms_norm_eps"],
+            rope_theta=tuple(_rope_theta(cfg, t) for t in layer_types),
+            sliding_window=tuple(
+                cfg.get("sliding_window") if t == "sliding_attention" else None for t in layer_types
+            ),
+            attn_scale=(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5,
+            tie_word_embeddings=cfg.get("tie_word_embeddings", True),
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+        )
+
+
+def _rope_theta(cfg: dict, layer_type: str) -> float:
+    params = cfg.get("rope_parameters") or {"rope_theta": cfg.get("rope_theta", 10000.0)}
+    params = params.get(layer_type, params)
+    kind = params.get("rope_type", "default")
+    if kind != "default":
+        raise CheckpointError(f"unsupported rope_type {kind!r} (only 'default' is implemented)")
+    return float(params["rope_theta"])
+
+
+@dataclass
+class Segment:
+    """One sequence's slice of a flattened batch."""
+
+    start: int  # first row of this sequence in the flattened tokens
+    num_new: int  # rows it owns
+    ctx_len: int  # tokens in its KV after this forward (old + new)
+    new_slots: torch.Tensor  # [num_new] pool slots the new K/V go to
+    ctx_slots: torch.Tensor  # [ctx_len] pool slots of the whole context
+
+
+class Transformer:
+    """Weights plus a forward over flattened tokens; no nn.Module machinery needed."""
+
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor]):
+        self.spec = spec
+        w = weights
+        self.embed = w["model.embed_tokens.weight"]  # [vocab, hidden]
+        self.lm_head = self.embed if spec.tie_word_embeddings else w["lm_head.weight"]
+        self.final_norm = self._norm_weight(w["model.norm.weight"])
+        self.layers = [self._layer(w, i) for i in range(spec.num_layers)]
+        self.embed_scale = spec.hidden_size**0.5 if spec.family == "gemma3" else 1.0
+        self._rope_cache: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @staticmethod
+    def load(hf_dir: Path, device: torch.device, dtype: torch.dtype) -> "Transformer":
+        spec = ModelSpec.from_config(json.loads((hf_dir / "config.json").read_text()))
+        weights: dict[str, torch.Tensor] = {}
+        for f in sorted(hf_dir.glob("*.safetensors")):
+            weights.update(load_file(f))
+        weights = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
+        try:
+            return Transformer(spec, weights)
+        except KeyError as e:
+            raise CheckpointError(f"{hf_dir}: weight {e} missing from the safetensors files") from e
+
+    def _norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        # Gemma's RMSNorm scales by (1 + w); fold the 1 in once, in float32 as Gemma does.
+        return (1.0 + weight.float()) if self.spec.family == "gemma3" else weight
+
+    def _layer(self, w: dict, i: int) -> dict:
+        p = f"model.layers.{i}."
+        a, m = p + "self_attn.", p + "mlp."
+        layer = {
+            # q, k and v (and gate and up) are fused into one matmul each: fewer, larger ops.
+            "qkv": torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]]),
+            "o": w[a + "o_proj.weight"],
+            "gate_up": torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]]),
+            "down": w[m + "down_proj.weight"],
+            "attn_norm": self._norm_weight(w[p + "input_layernorm.weight"]),
+            "post_attn_norm": self._norm_weight(w[p + "post_attention_layernorm.weight"]),
+        }
+        if self.spec.family == "gemma3":
+            layer["pre_ffn_norm"] = self._norm_weight(w[p + "pre_feedforward_layernorm.weight"])
+            layer["post_ffn_norm"] = self._norm_weight(w[p + "post_feedforward_layernorm.weight"])
+            layer["q_norm"] = self._norm_weight(w[a + "q_norm.weight"])
+            layer["k_norm"] = self._norm_weight(w[a + "k_norm.weight"])
+        return layer
+
+    # ---- building blocks -------------------------------------------------------------
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.rms_norm_eps)
+        if self.spec.family == "gemma3":
+            return (xf * weight).to(x.dtype)  # weight is already 1 + w, float32
+        return weight * xf.to(x.dtype)
+
+    def _rope(self, theta: float, positions: torch.Tensor, dtype: torch.dtype):
+        inv_freq = self._rope_cache.get(theta)
+        if inv_freq is None:
+            d = self.spec.head_dim
+            inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=positions.device) / d)
+            self._rope_cache[theta] = inv_freq
+        freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, head_dim / 2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]  # [T, 1, head_dim]
+
+    @staticmethod
+    def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def _mlp(self, x: torch.Tensor, layer: dict) -> torch.Tensor:
+        gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
+        act = F.gelu(gate, approximate="tanh") if self.spec.family == "gemma3" else F.silu(gate)
+        return F.linear(act * up, layer["down"])
+
+    # ---- attention -------------------------------------------------------------------
+
+    def _attention(self, x, rope, layer, li, pool: BlockPool, segments, new_slots, masks) -> torch.Tensor:
+        s = self.spec
+        T = x.shape[0]
+        q, k, v = F.linear(x, layer["qkv"]).split(
+            [s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.num_kv_heads * s.head_dim], dim=-1
+        )
+        q = q.view(T, s.num_heads, s.head_dim)  # [T, heads, head_dim]
+        k = k.view(T, s.num_kv_heads, s.head_dim)  # [T, kv_heads, head_dim]
+        v = v.view(T, s.num_kv_heads, s.head_dim)
+        if "q_norm" in layer:
+            q, k = self._rms_norm(q, layer["q_norm"]), self._rms_norm(k, layer["k_norm"])
+        cos, sin = rope
+        q, k = self._apply_rope(q, cos, sin), self._apply_rope(k, cos, sin)
+        pool.write(li, new_slots, k, v)
+        out = torch.empty_like(q)
+        for seg, seg_masks in zip(segments, masks):
+            keys, values = pool.gather(li, seg.ctx_slots)  # [ctx, kv_heads, head_dim] each
+            rows = slice(seg.start, seg.start + seg.num_new)
+            out[rows] = self._attend(q[rows], keys, values, seg_masks[s.sliding_window[li]])
+        return F.linear(out.reshape(T, -1), layer["o"])
+
+    def _attend(self, q, keys, values, mask) -> torch.Tensor:
+        """q: [n, heads, head_dim]; keys, values: [ctx, kv_heads, head_dim] -> [n, heads, head_dim].
+
+        Query heads sharing a KV head (GQA) are stacked into one matmul instead of repeating K/V.
+        """
+        s = self.spec
+        n, ctx, kvh, d = q.shape[0], keys.shape[0], s.num_kv_heads, s.head_dim
+        group = s.num_heads // kvh
+        qg = q.view(n, kvh, group, d).permute(1, 2, 0, 3).reshape(kvh, group * n, d)
+        scores = torch.bmm(qg, keys.permute(1, 2, 0)).float() * s.attn_scale  # [kv_heads, group * n, ctx]
+        if mask is not None:
+            scores = scores.view(kvh, group, n, ctx).masked_fill(~mask, float("-inf")).view(kvh, group * n, ctx)
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        out = torch.bmm(probs, values.transpose(0, 1))  # [kv_heads, group * n, head_dim]
+        return out.view(kvh, group, n, d).permute(2, 0, 1, 3).reshape(n, kvh * group, d)
+
+    # ---- forward ---------------------------------------------------------------------
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, pool: BlockPool,
+                segments: list[Segment]) -> torch.Tensor:
+        """input_ids, positions: [T] flattened over segments -> final hidden states [T, hidden]."""
+        x = F.embedding(input_ids, self.embed)
+        if self.embed_scale != 1.0:
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        ropes = {theta: self._rope(theta, positions, x.dtype) for theta in set(self.spec.rope_theta)}
+        gemma = self.spec.family == "gemma3"
+        # slot index and masks depend only on the segments: build them once, not per layer
+        new_slots = torch.cat([seg.new_slots for seg in segments])  # [T]
+        windows = set(self.spec.sliding_window)
+        masks = [{w: _causal_mask(seg.num_new, seg.ctx_len, w, x.device) for w in windows} for seg in segments]
+        for li, layer in enumerate(self.layers):
+            rope = ropes[self.spec.rope_theta[li]]
+            h = self._rms_norm(x, layer["attn_norm"])
+            h = self._attention(h, rope, layer, li, pool, segments, new_slots, masks)
+            if gemma:
+                x = x + self._rms_norm(h, layer["post_attn_norm"])
+                h = self._mlp(self._rms_norm(x, layer["pre_ffn_norm"]), layer)
+                x = x + self._rms_norm(h, layer["post_ffn_norm"])
+            else:
+                x = x + h
+                x = x + self._mlp(self._rms_norm(x, layer["post_attn_norm"]), layer)
+        return self._rms_norm(x, self.final_norm)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> [N, vocab] in float32."""
+        return F.linear(hidden, self.lm_head).float()
+
+
+def _causal_mask(num_new: int, ctx_len: int, window: int | None, device) -> torch.Tensor | None:
+    """Boolean [num_new, ctx_len] mask: new row i sits at position ctx_len - num_new + i."""
+    if num_new == 1 and (window is None or ctx_len <= window):
+        return None  # a single query sees the whole context
+    q_pos = torch.arange(ctx_len - num_new, ctx_len, device=device)[:, None]
+    k_pos = torch.arange(ctx_len, device=device)[None, :]
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= k_pos > q_pos - window
+    return mask

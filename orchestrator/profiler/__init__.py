@@ -1,1 +1,0 @@
-"""Cross-device latency profiling: spans, profiling runs, reports, plots, traces and metrics."""

@@ -1,0 +1,168 @@
+"""One engine on its own thread; gRPC handler threads talk to it through an inbox.
+
+Handler threads hand requests to the engine thread; the engine thread admits new requests
+and applies cancellations between steps (so a cancelled request's KV blocks are free before
+the next step), runs a step over the whole running batch, and routes each request's
+committed tokens to its handler's queue. Nothing here knows protobuf.
+"""
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from orchestrator.config import SamplingParams
+from orchestrator.engine import DrafterStatus, Engine, StepOutput
+from orchestrator.server.interceptors import Overloaded
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Done:
+    """The last event of a request: its result dict (as `hetspec generate --json`) or an error."""
+
+    result: dict | None = None
+    error: Exception | None = None
+
+
+@dataclass(frozen=True)
+class LoopStatus:
+    """The engine's state as `GetServerStatus` reports it."""
+
+    kv_blocks_total: int
+    kv_blocks_free: int
+    num_running: int
+    num_waiting: int
+    num_steps: int
+    drafter: str
+    drafter_state: str
+    drafter_reconnects: int
+    preemptions_swap: int
+    preemptions_recompute: int
+    max_concurrent_requests: int
+    num_active_requests: int
+
+
+class EngineLoop:
+    """Runs `engine.step()` on one thread; everything else talks to it through `call`."""
+
+    def __init__(self, engine: Engine, drafter_kind: str, max_active: int):
+        self.engine = engine
+        self.drafter_kind = drafter_kind if engine.drafter is not None else "none"
+        self.max_active = max_active
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._outputs: dict[int, queue.SimpleQueue] = {}  # seq_id -> events for its handler
+        self._active = 0  # admitted requests, not yet finished (guarded by _lock)
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="hetspec-engine", daemon=True)
+        self._thread.start()
+
+    # ---- called from handler threads -----------------------------------------------------
+
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Run fn on the engine thread between steps; its result or exception lands in the Future."""
+        future: Future = Future()
+        self._inbox.put((fn, future))
+        self._wake.set()
+        return future
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> tuple[int, queue.SimpleQueue]:
+        with self._lock:
+            if self._active >= self.max_active:
+                raise Overloaded(f"the server is at its limit of {self.max_active} concurrent requests; retry later")
+            self._active += 1
+        events: queue.SimpleQueue = queue.SimpleQueue()
+
+        def add() -> int:
+            seq_id = self.engine.add_request(prompt_ids, params)
+            self._outputs[seq_id] = events
+            return seq_id
+
+        try:
+            return self.call(add).result(), events
+        except BaseException:
+            with self._lock:
+                self._active -= 1
+            raise
+
+    def cancel(self, seq_id: int) -> None:
+        """Cancel (no-op once finished); the KV blocks are freed before the next step."""
+        self.call(lambda: self._drop(seq_id, "cancelled"))
+
+    def status(self) -> "LoopStatus":
+        return self.call(self._status).result(timeout=30)
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    # ---- the engine thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._drain_inbox()
+            if not self.engine.has_work():
+                self._wake.wait(timeout=1.0)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as e:  # a bug: fail the requests in the batch, keep serving
+                log.exception("engine step failed; failing the running requests")
+                for seq_id in list(self._outputs):
+                    self._drop(seq_id, "error", e)
+                continue
+            for out in outputs:
+                self._route(out)
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                fn, future = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except Exception as e:
+                future.set_exception(e)
+
+    def _route(self, out: StepOutput) -> None:
+        events = self._outputs.get(out.seq_id)
+        if events is None:
+            return
+        events.put(out)
+        if out.finished:
+            seq = self.engine.release(out.seq_id)
+            self._forget(out.seq_id)
+            events.put(Done(result=seq.result(self.drafter_kind if seq.k else "none")))
+
+    def _drop(self, seq_id: int, why: str, error: Exception | None = None) -> None:
+        if seq_id not in self._outputs:
+            return
+        self.engine.cancel(seq_id)  # frees its KV blocks now
+        self.engine.release(seq_id)
+        events = self._forget(seq_id)
+        events.put(Done(error=error or RuntimeError(why)))
+
+    def _forget(self, seq_id: int) -> queue.SimpleQueue:
+        with self._lock:
+            self._active -= 1
+        return self._outputs.pop(seq_id)
+
+    def _status(self) -> "LoopStatus":
+        e = self.engine
+        drafter = e.drafter.status() if e.drafter is not None else DrafterStatus(state="none")
+        return LoopStatus(
+            kv_blocks_total=e.target.pool.num_blocks, kv_blocks_free=e.target.pool.num_free_blocks,
+            num_running=len(e.scheduler.running), num_waiting=len(e.scheduler.waiting), num_steps=e.num_steps,
+            drafter=self.drafter_kind, drafter_state=drafter.state, drafter_reconnects=drafter.num_reconnects,
+            preemptions_swap=e.num_preemptions_swap, preemptions_recompute=e.num_preemptions_recompute,
+            max_concurrent_requests=self.max_active, num_active_requests=self._active)

@@ -1,0 +1,138 @@
+"""KV handoff for real: the target's prefill K/V as one block to its INT4 ONNX self-drafter
+(SmolLM2-135M), inline or through shared memory, with its transfer spans."""
+
+import pytest
+import torch
+
+from orchestrator.assemble import build_drafter, drafter_context
+from orchestrator.config import EngineConfig, SamplingParams
+from orchestrator.drafters import KvHandoffDrafter
+from orchestrator.engine import Engine
+from orchestrator.engine.swap import export_kv
+from orchestrator.models import TargetRunner, eos_token_ids
+from orchestrator.tracing import Tracer
+from protocol import StagingPool, codec, inline
+from protocol.pb import blocks_pb2 as pb
+
+from prompts import GROUNDED, PROMPTS
+
+
+@pytest.fixture(scope="module")
+def target(smollm2):
+    return TargetRunner(smollm2, block_size=16, max_kv_tokens=4096)
+
+
+@pytest.fixture(scope="module")
+def drafter(smollm2):
+    config = EngineConfig()  # the default INT4 export (cached)
+    d = build_drafter(config.drafter, drafter_context(config, smollm2, progress=False))
+    yield d
+    d.close()
+
+
+def _engine(target, tokenizer, ckpt, drafter=None, tracer=None):
+    return Engine(target, tokenizer, drafter, num_speculative_tokens=4, eos_token_ids=eos_token_ids(ckpt, tokenizer),
+                  tracer=tracer)
+
+
+def test_handed_off_kv_is_the_targets_and_output_stays_lossless(target, drafter, smollm2, smollm2_tokenizer):
+    ids = smollm2_tokenizer(GROUNDED).input_ids  # a few hundred tokens
+    params = SamplingParams(max_new_tokens=48, ignore_eos=True)
+    expected = _engine(target, smollm2_tokenizer, smollm2).generate(ids, params).output_ids
+    handoff = KvHandoffDrafter(drafter, target)
+    engine = _engine(target, smollm2_tokenizer, smollm2, handoff)
+    seq = engine.generate(ids, params)
+    assert seq.output_ids == expected
+    assert seq.stats.num_drafted > 0 and seq.stats.num_accepted > 0
+    s = target.model.spec
+    assert handoff.bytes_sent >= s.num_layers * 2 * s.num_kv_heads * len(ids) * s.head_dim * 4
+
+
+def test_shared_memory_transport_carries_the_kv_and_keeps_output_lossless(target, drafter, smollm2,
+                                                                          smollm2_tokenizer):
+    """transport.kind: shared_memory: the block's bytes go through a segment, not the message."""
+    import os
+
+    from protocol.shm import live_segments
+
+    ids = smollm2_tokenizer(PROMPTS[5]).input_ids
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    expected = _engine(target, smollm2_tokenizer, smollm2).generate(ids, params).output_ids
+    before = set(live_segments(os.getpid()))
+    handoff = KvHandoffDrafter(drafter, target, transport="shared_memory")
+    sent = []
+    pack = handoff.packer.pack
+    handoff.packer.pack = lambda enc: sent.append(pack(enc)) or sent[-1]  # observe the Block message
+    seq = _engine(target, smollm2_tokenizer, smollm2, handoff).generate(ids, params)
+    assert seq.output_ids == expected and seq.stats.num_accepted > 0
+    (block,) = sent
+    assert block.descriptor.locator.WhichOneof("where") == "shm" and block.data == b""
+    assert handoff.bytes_sent == block.descriptor.byte_length > 0
+    assert set(live_segments(os.getpid())) - before  # the writer's segment, until it closes
+    handoff.packer.close()
+    assert set(live_segments(os.getpid())) == before
+
+
+def test_drafter_started_from_kv_holds_exactly_the_targets_kv(target, drafter, smollm2_tokenizer):
+    seq_id = 20_000
+    ids = smollm2_tokenizer(PROMPTS[2]).input_ids
+    target.forward([(seq_id, ids, 1)])
+    handoff = KvHandoffDrafter(drafter, target)
+    handoff.start(seq_id, ids)
+    host = export_kv(target, seq_id, StagingPool(target.device))
+    want = codec.pool_to_seq(codec.decode(host.encoded.descriptor, host.encoded.payload), len(ids))  # [L, 2, H, T, D]
+    host.release()
+    kv = drafter._seqs[seq_id].cache  # [2 * layers] buffers [1, H, capacity, D], layer-major, key first
+    got = torch.stack([torch.from_numpy(kv.host[i][0, :, :len(ids)]) for i in range(len(kv.host))])
+    assert torch.equal(got.view(want.shape[0], 2, *got.shape[1:]), want)
+    assert drafter.cached_length(seq_id) == len(ids)
+    handoff.finish(seq_id)
+    target.free(seq_id)
+
+
+def test_kv_seq_block_from_another_drafter_state_reproduces_its_drafts(drafter, smollm2_tokenizer):
+    """Mechanics: the drafter's own K/V, sent as a KV_SEQ block, gives the same drafts as its prefill."""
+    ids = smollm2_tokenizer(PROMPTS[3]).input_ids
+    drafter.start(1, ids)
+    first = drafter.propose(1, 4).draft_ids
+    kv = drafter._seqs[1].cache
+    T = len(ids) - 1  # the last prompt token is run by propose, its K/V is past the handoff
+    own = torch.stack([torch.from_numpy(kv.host[i][0, :, :T]) for i in range(len(kv.host))])
+    own = own.view(drafter.num_layers, 2, *own.shape[1:])  # [L, 2, H, T, D]
+    enc = codec.encode(own.half(), kind=pb.TENSOR_KIND_KV, layout=pb.LAYOUT_KV_SEQ,
+                       layers=(0, drafter.num_layers), heads=(0, drafter.num_kv_heads), tokens=(0, T))
+    d, payload = inline.from_block(inline.to_block(enc))
+    drafter.start_with_kv(2, ids, codec.decode(d, payload, dtype=torch.float32))
+    # fp16 on the wire rounds the K/V: the argmax chain may differ only where logits are near-tied
+    second = drafter.propose(2, 4).draft_ids
+    drafter.finish(1)
+    drafter.finish(2)
+    assert second[:2] == first[:2]
+
+
+def test_handoff_rejects_kv_of_the_wrong_shape(drafter):
+    with pytest.raises(Exception, match="this drafter needs"):
+        drafter.start_with_kv(3, [1, 2, 3], torch.zeros(2, 2, 3, 3, 64))
+
+
+def test_handoff_records_its_transfer_spans_and_phases_still_add_up(target, drafter, smollm2, smollm2_tokenizer):
+    import time
+
+    tracer = Tracer()
+    engine = _engine(target, smollm2_tokenizer, smollm2, KvHandoffDrafter(drafter, target, tracer=tracer), tracer)
+    ids = smollm2_tokenizer(GROUNDED).input_ids
+    t0 = time.perf_counter()
+    engine.generate(ids, SamplingParams(max_new_tokens=16, ignore_eos=True))
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    spans = engine.tracer.clear()
+    by_name = {}
+    for s in spans:
+        by_name.setdefault(s.name, []).append(s)
+    for phase in ("d2h", "serialize", "deserialize", "h2d"):  # once, at the drafter's start
+        assert len(by_name[phase]) == 1, phase
+    (ser,), (des,) = by_name["serialize"], by_name["deserialize"]
+    assert ser.flow_out is not None and des.flow_in == (ser.flow_out,)
+    assert ser.args["nbytes"] == engine.drafter.bytes_sent
+    assert by_name["h2d"][0].track == engine._drafter_track  # the engine's own timeline for the drafter
+    covered = sum(s.dur_ms for s in spans)
+    assert 0.9 * wall_ms <= covered <= 1.02 * wall_ms  # no phase counted twice, little left out

@@ -1,0 +1,257 @@
+"""The ONNX drafter on real SmolLM2 exports: KV-cache truncation, agreement, bad model files."""
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from orchestrator.drafters.onnx_drafter import OnnxDrafter
+from orchestrator.errors import CheckpointError, ExportError, HetspecError, InvalidRequestError
+from orchestrator.models import MARKER, ExportOptions, export_drafter, find_onnx_model, resolve
+
+PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"
+AGREEMENT_PROMPT = "Write a short story about a cat who learns to play the piano."
+NUM_AGREEMENT_POSITIONS = 32
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    return resolve()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(ckpt):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(ckpt.hf_dir)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tokenizer):
+    return tokenizer(PROMPT)["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def int4_dir(ckpt, tmp_path_factory):
+    """The default drafter export (INT4, block 32, int8 activations on CPU)."""
+    return export_drafter(ckpt, ExportOptions(), tmp_path_factory.mktemp("export") / "int4",
+                          progress=False)
+
+
+@pytest.fixture(scope="module")
+def exact(ckpt, tmp_path_factory):
+    """INT4 with fp32 activations: a one-token step and a chunk agree to ~1e-4, so argmaxes
+    from the cache and from a recompute can be compared exactly. With the default int8
+    activations they differ by up to ~1 logit and near-ties flip (measured)."""
+    out = tmp_path_factory.mktemp("export") / "int4-acc1"
+    drafter = OnnxDrafter(export_drafter(ckpt, ExportOptions(accuracy_level=1), out, progress=False),
+                          num_threads=2)
+    yield drafter
+    drafter.close()
+
+
+def recompute_argmax(drafter: OnnxDrafter, ids: list[int]) -> list[int]:
+    """Greedy next token after every prefix of `ids`, from one cache-free forward."""
+    feed = {"input_ids": np.array([ids], np.int64),
+            "attention_mask": np.ones((1, len(ids)), np.int64)}
+    for arg in drafter.session.get_inputs():
+        if arg.name.startswith("past_key_values."):
+            feed[arg.name] = np.zeros((1, drafter.num_kv_heads, 0, drafter.head_dim), np.float32)
+    logits = drafter.session.run(["logits"], feed)[0]  # [1, len(ids), vocab]
+    return logits[0].argmax(-1).tolist()
+
+
+# --- export -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, option", [
+    (dict(precision="int3"), "precision"),
+    (dict(precision="fp16"), "precision"),
+    (dict(block_size=48), "block_size"),
+    (dict(block_size=True), "block_size"),
+    (dict(accuracy_level=7), "accuracy_level"),
+    (dict(algo="hqq"), "algo"),
+    (dict(execution_provider="cann"), "execution_provider"),
+    (dict(precision="int8", int8_lm_head=True), "int8_lm_head"),
+])
+def test_export_options_rejected(kwargs, option):
+    with pytest.raises(ExportError, match=option):
+        ExportOptions(**kwargs)
+
+
+def test_export_options_tag():
+    assert ExportOptions().tag() == "int4-b32-cpu"
+    assert ExportOptions(int8_lm_head=True, block_size=64).tag() == "int4-b64-lmh8-cpu"
+    assert ExportOptions(precision="fp32").tag() == "fp32-cpu"
+
+
+def test_export_is_complete_and_reused(ckpt, int4_dir):
+    assert (int4_dir / MARKER).is_file()
+    assert find_onnx_model(int4_dir) == int4_dir / "model.onnx"
+    assert not list(int4_dir.parent.glob("*.tmp"))  # the build directory was renamed away
+    # complete: a second call returns at once without running the builder
+    assert export_drafter(ckpt, ExportOptions(), int4_dir, progress=False) == int4_dir
+
+
+# --- KV cache: drafting from the cache equals recomputing from scratch -----------------------
+
+def test_cached_drafts_equal_full_recompute(exact, prompt_ids):
+    exact.start(0, prompt_ids)
+    draft_ids = exact.propose(0, 6).draft_ids
+    ids = prompt_ids + draft_ids
+    expected = recompute_argmax(exact, ids[:-1])[len(prompt_ids) - 1:]
+    assert draft_ids == expected
+    # the cache ran ahead over drafts 0..4 (the last draft is not fed back)
+    assert exact.cached_length(0) == len(prompt_ids) + 5
+    exact.finish(0)
+
+
+def _fresh_drafts(drafter: OnnxDrafter, committed: list[int], k: int) -> list[int]:
+    drafter.start(99, committed)
+    try:
+        return drafter.propose(99, k).draft_ids
+    finally:
+        drafter.finish(99)
+
+
+@pytest.mark.parametrize("num_accepted", [0, 2, 6])
+def test_extend_after_partial_accept_equals_fresh_drafter(exact, prompt_ids, num_accepted):
+    exact.start(0, prompt_ids)
+    draft_ids = exact.propose(0, 6).draft_ids
+    # the recovered token differs from the rejected draft; after all 6 it is the bonus token
+    other = (draft_ids[num_accepted] + 1) if num_accepted < 6 else 13
+    exact.extend(0, draft_ids[:num_accepted] + [other])
+    committed = prompt_ids + draft_ids[:num_accepted] + [other]
+    assert exact.committed_ids(0) == committed
+    # the cache keeps the accepted drafts (at most the 5 it ran) and drops the rejected one
+    assert exact.cached_length(0) == len(prompt_ids) + min(num_accepted, 5)
+    assert exact.propose(0, 6).draft_ids == _fresh_drafts(exact, committed, 6)
+    exact.finish(0)
+
+
+def test_rollback_equals_fresh_drafter(exact, prompt_ids):
+    exact.start(0, prompt_ids)
+    for _ in range(2):
+        draft_ids = exact.propose(0, 4).draft_ids
+        exact.extend(0, draft_ids[:3] + [draft_ids[3] + 1])
+    committed = exact.committed_ids(0)
+    exact.rollback(0, 5)
+    assert exact.committed_ids(0) == committed[:-5]
+    assert exact.cached_length(0) <= len(committed) - 6
+    assert exact.propose(0, 6).draft_ids == _fresh_drafts(exact, committed[:-5], 6)
+    exact.finish(0)
+
+
+def test_propose_twice_without_extend_repeats(exact, prompt_ids):
+    exact.start(0, prompt_ids)
+    first = exact.propose(0, 5).draft_ids
+    assert exact.propose(0, 5).draft_ids == first
+    exact.finish(0)
+
+
+def test_sampled_drafts_carry_probs(exact, prompt_ids):
+    exact.start(0, prompt_ids)
+    proposals = [exact.propose(0, 4, temperature=0.8, top_k=20,
+                               generator=torch.Generator().manual_seed(7)) for _ in range(2)]
+    exact.finish(0)
+    first = proposals[0]
+    assert first.draft_probs.shape == (4, exact.vocab_size)
+    assert first.draft_probs.dtype == torch.float32
+    torch.testing.assert_close(first.draft_probs.sum(-1), torch.ones(4))
+    assert (first.draft_probs > 0).sum(-1).max() <= 20  # top-k applied
+    assert all(first.draft_probs[i, t] > 0 for i, t in enumerate(first.draft_ids))
+    assert proposals[1].draft_ids == first.draft_ids  # same seed, same cache state
+
+
+def test_bad_sequence_use_is_rejected(exact, prompt_ids):
+    with pytest.raises(InvalidRequestError, match="not open"):
+        exact.propose(12345, 3)
+    with pytest.raises(InvalidRequestError, match="non-empty"):
+        exact.start(1, [])
+    exact.start(1, prompt_ids)
+    with pytest.raises(InvalidRequestError, match="already open"):
+        exact.start(1, prompt_ids)
+    with pytest.raises(InvalidRequestError, match="roll back"):
+        exact.rollback(1, len(prompt_ids) + 1)
+    exact.finish(1)
+
+
+# --- agreement with the fp32 target -----------------------------------------------------------
+
+def test_int4_greedy_agrees_with_fp32_target(ckpt, tokenizer, int4_dir):
+    from transformers import AutoModelForCausalLM
+
+    prompt_ids = tokenizer(AGREEMENT_PROMPT)["input_ids"]
+    model = AutoModelForCausalLM.from_pretrained(ckpt.hf_dir, dtype=torch.float32)
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=NUM_AGREEMENT_POSITIONS,
+                             min_new_tokens=NUM_AGREEMENT_POSITIONS, do_sample=False)
+    target_ids = out[0, len(prompt_ids):].tolist()  # [NUM_AGREEMENT_POSITIONS]
+    # teacher-forced: the drafter's greedy token after each prefix of the target's output
+    drafter = OnnxDrafter(int4_dir, num_threads=2)
+    drafter.start(0, prompt_ids)
+    agree = 0
+    for target_id in target_ids:
+        agree += drafter.propose(0, 1).draft_ids[0] == target_id
+        drafter.extend(0, [target_id])
+    drafter.close()
+    rate = agree / len(target_ids)
+    print(f"\nINT4 drafter vs fp32 target greedy agreement: {agree}/{len(target_ids)} = {rate:.0%}")
+    assert rate >= 0.4
+
+
+# --- bad model files and providers ------------------------------------------------------------
+
+def test_truncated_model_file_raises_clear_error(int4_dir, tmp_path):
+    data = (int4_dir / "model.onnx").read_bytes()
+    (tmp_path / "model.onnx").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="cannot load ONNX drafter .*Protobuf"):
+        OnnxDrafter(tmp_path)
+
+
+def test_truncated_weights_raise_clear_error(int4_dir, tmp_path):
+    shutil.copy(int4_dir / "model.onnx", tmp_path / "model.onnx")
+    with open(int4_dir / "model.onnx.data", "rb") as f:
+        (tmp_path / "model.onnx.data").write_bytes(f.read(1 << 20))
+    with pytest.raises(CheckpointError, match="cannot load ONNX drafter .*out of bounds"):
+        OnnxDrafter(tmp_path)
+
+
+def test_missing_model_raises(tmp_path):
+    with pytest.raises(CheckpointError, match="expected one .onnx"):
+        OnnxDrafter(tmp_path)
+
+
+def test_unavailable_provider_lists_available(int4_dir):
+    with pytest.raises(HetspecError, match="not available.*CPUExecutionProvider"):
+        OnnxDrafter(int4_dir, providers=["NoSuchExecutionProvider", "CPUExecutionProvider"])
+
+
+def test_cache_growth_and_concat_path_match_fresh(exact, prompt_ids):
+    """Crossing the shared buffer's first capacity (256) copies the cache correctly, and a
+    model without shared buffers (the concat path) drafts the same tokens."""
+    filler = [(prompt_ids[i % len(prompt_ids)] + i) % 1000 + 100 for i in range(300)]
+    exact.start(0, prompt_ids)
+    exact.propose(0, 4)
+    exact.extend(0, filler)
+    committed = exact.committed_ids(0)
+    assert exact.propose(0, 4).draft_ids == _fresh_drafts(exact, committed, 4)
+    exact.finish(0)
+    exact._share_buffer = False
+    try:
+        exact.start(0, prompt_ids)
+        draft_ids = exact.propose(0, 4).draft_ids
+        exact.extend(0, draft_ids[:1] + [draft_ids[1] + 1] + filler[:5])
+        concat = exact.propose(0, 4).draft_ids
+        committed = exact.committed_ids(0)
+        exact.finish(0)
+    finally:
+        exact._share_buffer = True
+    assert concat == _fresh_drafts(exact, committed, 4)
+
+
+def test_the_device_picks_the_execution_provider(int4_dir):
+    """npu:0 asks for CANN (and would keep the KV buffers in NPU memory); this onnxruntime has none."""
+    with pytest.raises(HetspecError, match="CANNExecutionProvider.*not available"):
+        OnnxDrafter(int4_dir, device="npu:0")
+    assert OnnxDrafter(int4_dir, device="cpu")._kv_device == ("cpu", 0)

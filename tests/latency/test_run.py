@@ -1,0 +1,145 @@
+"""A real profiling run (SmolLM2-135M fp32 target, INT4 ONNX drafter) and everything it writes."""
+
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.config import EngineConfig
+from orchestrator.latency.outputs import write_outputs
+from orchestrator.latency.report import render_compare
+from orchestrator.latency.runner import BASELINE, SCHEMA, run_profile
+from orchestrator.latency.workloads import load_workload
+
+TRACE_PHASES = {"X", "M", "s", "f"}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    name, prompts = load_workload("chat")
+    run = run_profile(EngineConfig(), "cpu", (name, prompts[:2]), [2, 4], max_new_tokens=16, progress=False)
+    out = tmp_path_factory.mktemp("profile")
+    write_outputs(run, out, default_k=4)
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(run_dir):
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def test_phase_times_add_up_to_wall_time(run):
+    for side in run["sides"]:
+        for r in side["requests"]:
+            span_ms = sum(s["dur_ms"] for s in r["spans"])
+            assert 0.95 * r["wall_ms"] <= span_ms <= r["wall_ms"], (side["name"], span_ms, r["wall_ms"])
+            names = {s["name"] for s in r["spans"]}
+            assert {"prefill", "verify", "accept", "commit", "rollback", "emit", "schedule"} <= names
+            assert ("draft" in names) == (side["k"] > 0)
+            assert not names & {"d2h", "h2d", "wire", "serialize", "deserialize"}  # none happen on the CPU path
+
+
+def test_speculative_output_is_the_baseline_output_and_counts_match_engine_stats(run):
+    sides = {s["name"]: s for s in run["sides"]}
+    for name in ("k=2", "k=4"):
+        for spec, base in zip(sides[name]["requests"], sides[BASELINE]["requests"]):
+            assert spec["output_ids"] == base["output_ids"] and len(spec["output_ids"]) == 16
+        acc = sides[name]["summary"]["acceptance"]
+        stats = [r["stats"] for r in sides[name]["requests"]]
+        drafted = np.sum([s["drafted_per_position"] for s in stats], axis=0).tolist()
+        assert acc["drafted_per_position"] == drafted
+        assert sum(acc["accepted_per_position"]) == sum(s["num_accepted"] for s in stats)
+        assert 0.0 <= acc["alpha"] <= 1.0
+
+
+def test_run_json_schema_and_summary(run):
+    assert run["schema"] == SCHEMA
+    assert {"environment", "profile", "workload", "sides", "summary"} <= set(run)
+    assert run["environment"]["torch"] and run["profile"]["engine_config"]["dtype"] == "float32"
+    s = run["summary"]
+    assert s["default_k"] == 4 and s["ks"] == [2, 4]
+    assert s["bound"] > 0 and s["efficiency"] == pytest.approx(s["speedup_decode"] / s["bound"])
+    assert 0.0 < s["c"] < 1.0
+
+
+def test_report_has_the_figures_and_names_absent_phases(run_dir, run):
+    report = (run_dir / "report.md").read_text()
+    for needle in ("p50 ms/step", "p99 ms/step", "acceptance by position", "mean accepted length", "TTFT",
+                   "TPOT", "Leviathan bound", "efficiency", "Not present in this run", "d2h"):
+        assert needle in report, needle
+    assert f"{run['summary']['efficiency']:.2f}" in report
+
+
+def _validate_trace(trace: dict) -> None:
+    """The Chrome trace-event format (JSON object form) as documented, for the events we use."""
+    assert isinstance(trace["traceEvents"], list) and trace["displayTimeUnit"] in ("ms", "ns")
+    slices = defaultdict(list)
+    flows = defaultdict(lambda: {"s": [], "f": []})
+    for e in trace["traceEvents"]:
+        assert e["ph"] in TRACE_PHASES and isinstance(e["pid"], int) and isinstance(e["tid"], int)
+        if e["ph"] == "M":
+            assert e["name"] in ("process_name", "thread_name") and e["args"]["name"]
+        elif e["ph"] == "X":
+            assert e["name"] and e["ts"] >= 0 and e["dur"] >= 0
+            slices[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"]))
+        else:
+            assert isinstance(e["id"], int) and e["cat"] and e["name"]
+            flows[e["id"]][e["ph"]].append(e)
+    for fid, ends in flows.items():
+        assert len(ends["s"]) == 1 and ends["f"], fid  # one send, at least one receive
+        for e in ends["s"] + ends["f"]:  # every flow point lies inside a slice of its own track
+            assert any(a <= e["ts"] <= b for a, b in slices[(e["pid"], e["tid"])]), e
+        assert all(f["bp"] == "e" and f["ts"] >= ends["s"][0]["ts"] for f in ends["f"])
+
+
+def test_trace_is_valid_trace_event_json_with_device_tracks_and_flows(run_dir):
+    trace = json.loads((run_dir / "trace.json").read_text())
+    _validate_trace(trace)
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert {"cpu", "cpu target", "cpu host", "cpu drafter (onnx)"} <= names
+    assert sum(e["ph"] == "s" for e in trace["traceEvents"]) > 5  # draft -> verify hand-offs
+
+
+def test_trace_validator_catches_a_dangling_flow(run_dir):
+    trace = json.loads((run_dir / "trace.json").read_text())
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e["ph"] != "f"]
+    with pytest.raises(AssertionError):
+        _validate_trace(trace)
+
+
+def test_plots_are_nonblank_pngs(run_dir):
+    import matplotlib.image as mpimg
+
+    for name in ("latency.png", "acceptance.png", "speedup.png"):
+        path = run_dir / name
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        img = mpimg.imread(path)  # [height, width, channels]
+        assert img.shape[0] > 300 and img.shape[1] > 500
+        assert (img[..., :3] < 0.9).mean() > 0.01  # more than a blank canvas
+
+
+def test_compare_of_a_run_with_itself_is_all_ones(run):
+    table = render_compare(run, run)
+    ratios = [line.split("|")[-2].strip() for line in table.splitlines()[4:]]
+    assert ratios and all(r in ("1.000", "–") for r in ratios)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "profile", *args], capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).parents[2])
+
+
+def test_cli_compare_and_one_line_errors(run_dir, tmp_path):
+    ok = _cli("compare", str(run_dir), str(run_dir / "run.json"))
+    assert ok.returncode == 0 and "B / A" in ok.stdout and "tokens/s" in ok.stdout
+    (tmp_path / "run.json").write_text(json.dumps({"schema": "other/9"}))
+    bad = _cli("compare", str(run_dir), str(tmp_path))
+    assert bad.returncode == 1 and "schema" in bad.stderr and bad.stderr.count("\n") == 1
+    (tmp_path / "w.jsonl").write_text('{"prompt": "a"}\n{"prompt": ""}\n')
+    bad = _cli("run", "--workload", str(tmp_path / "w.jsonl"), "--out", str(tmp_path / "o"))
+    assert bad.returncode == 1 and "w.jsonl line 2: field 'prompt'" in bad.stderr
+    assert _cli("run", "--sweep", "k=x").returncode == 1

@@ -1,0 +1,58 @@
+"""Prometheus metrics fed by a real engine (SmolLM2-135M, INT4 ONNX drafter), read back by scraping."""
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from orchestrator.assemble import build_engine
+from orchestrator.config import EngineConfig, SamplingParams
+from orchestrator.server.metrics import EngineMetrics
+from orchestrator.tracing import Tracer
+
+
+def scrape(registry) -> dict[tuple, float]:
+    """{(sample name, sorted labels): value} from the exposition text."""
+    text = generate_latest(registry).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    engine = build_engine(EngineConfig(num_speculative_tokens=3), tracer=Tracer(keep=False), progress=False)
+    return engine
+
+
+def test_counters_and_histograms_match_the_engine_after_a_real_generation(engine, smollm2_tokenizer):
+    metrics = EngineMetrics(engine)
+    ids = smollm2_tokenizer("The history of the printing press begins").input_ids
+    seq = engine.generate(ids, SamplingParams(max_new_tokens=24, ignore_eos=True))
+    m = scrape(metrics.registry)
+    st = seq.stats
+    assert m[("hetspec_draft_tokens_total", ())] == st.num_drafted > 0
+    assert m[("hetspec_accepted_tokens_total", ())] == st.num_accepted
+    assert m[("hetspec_verify_steps_total", ())] == st.num_steps
+    for j, (d, a) in enumerate(zip(st.drafted_per_position, st.accepted_per_position)):
+        assert m[("hetspec_draft_tokens_by_position_total", (("position", str(j + 1)),))] == d
+        assert m.get(("hetspec_accepted_tokens_by_position_total", (("position", str(j + 1)),)), 0) == a
+    assert m[("hetspec_step_seconds_count", ())] == st.num_steps + 1  # + the prefill step
+    verify = (("device", "cpu"), ("phase", "verify"), ("role", "target"))
+    assert m[("hetspec_phase_seconds_count", verify)] == st.num_steps
+    assert 0 < m[("hetspec_phase_seconds_sum", verify)] < m[("hetspec_step_seconds_sum", ())]
+    assert m[("hetspec_kv_blocks_used", ())] == 0  # the finished request gave its blocks back
+    assert m[("hetspec_kv_blocks_total", ())] == engine.target.pool.num_blocks
+
+
+def test_queue_depth_and_kv_usage_are_read_when_scraped(engine, smollm2_tokenizer):
+    metrics = EngineMetrics(engine)
+    ids = smollm2_tokenizer("Hello there").input_ids
+    seq_ids = [engine.add_request(ids, SamplingParams(max_new_tokens=4)) for _ in range(2)]
+    assert scrape(metrics.registry)[("hetspec_queue_depth", ())] == 2
+    engine.step()
+    m = scrape(metrics.registry)
+    assert m[("hetspec_queue_depth", ())] == 0 and m[("hetspec_running_sequences", ())] == 2
+    assert m[("hetspec_kv_blocks_used", ())] >= 2
+    for seq_id in seq_ids:
+        engine.cancel(seq_id)
+        engine.release(seq_id)
+    assert scrape(metrics.registry)[("hetspec_kv_blocks_used", ())] == 0
