@@ -59,7 +59,8 @@ def assemble(config: EngineConfig, tracer: Tracer | None = None, progress: bool 
     staging = StagingPool(target.device, max_bytes=transport.staging_pool_bytes, pinned=transport.pinned_staging)
     drafter = None
     if config.speculates:
-        ctx = drafter_context(config, ckpt, target=target, tracer=tracer, staging=staging, progress=progress)
+        ctx = drafter_context(config, ckpt, target=target, tracer=tracer, staging=staging, progress=progress,
+                              target_tokenizer=tokenizer)
         drafter = build_drafter(config.drafter, ctx)
     return Assembly(config, ckpt, tokenizer, target, drafter, eos_token_ids(ckpt, tokenizer), tracer, staging)
 
@@ -76,9 +77,10 @@ def build_target(config: EngineConfig, ckpt: Checkpoint) -> TargetRunner:
 
 def drafter_context(config: EngineConfig, ckpt: Checkpoint, target: TargetRunner | None = None,
                     tracer: Tracer | None = None, staging: StagingPool | None = None,
-                    progress: bool = True) -> DrafterContext:
+                    progress: bool = True, target_tokenizer=None) -> DrafterContext:
     """What a drafter builder may use; without `target`, a drafter for `hetspec drafter serve`."""
-    return DrafterContext(target_ckpt=ckpt, target=target, tracer=tracer or Tracer(enabled=False),
+    return DrafterContext(target_ckpt=ckpt, target_tokenizer=target_tokenizer, target=target,
+                          tracer=tracer or Tracer(enabled=False),
                           staging=staging, transport=config.transport.kind, kv_block_size=config.kv_block_size,
                           max_kv_tokens=config.max_kv_tokens, max_message_bytes=config.transport.max_message_bytes,
                           progress=progress)

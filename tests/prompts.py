@@ -24,3 +24,11 @@ GROUNDED = (
     "majority of the forest is contained within Brazil, with 60% of the rainforest, followed by Peru "
     "with 13%, and Colombia with 10%.\n\nSimpler version:"
 )
+
+CODE = [  # code workload for the Qwen2.5-Coder pair
+    "Write a Python function that checks whether a string is a palindrome, with a docstring and tests.",
+    "Write a Python class for a stack with push, pop and peek methods and type hints.",
+    "Write a Python function that reads a CSV file and returns the sum of its second column.",
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Write a Python function that counts word frequencies in a text and returns the top ten.",
+]

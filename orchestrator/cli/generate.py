@@ -17,6 +17,9 @@ def add_parser(sub) -> None:
     add_model_arg(g)
     # unset flags stay None: the profile's value is used (orchestrator/profiles/overrides.py)
     g.add_argument("--drafter", choices=("onnx", "ngram"), default=None, help="draft source (default onnx INT4)")
+    g.add_argument("--drafter-model", default=None, metavar="MODEL",
+                   help="the drafter's own checkpoint, e.g. qwen2.5-coder-0.5b for a qwen2.5-coder-1.5b target "
+                        "(default: the target's)")
     add_sampling_args(g)
     g.add_argument("--adaptive-k", action="store_true",
                    help="vary the draft length per step: +2 after a full accept, -1 after a rejection")
@@ -38,6 +41,7 @@ def add_parser(sub) -> None:
 
 def overrides(args: argparse.Namespace) -> Overrides:
     return Overrides(model=args.model, device=args.device, dtype=args.dtype, drafter=args.drafter,
+                     drafter_model=args.drafter_model,
                      no_spec=args.no_spec, num_speculative_tokens=args.num_speculative_tokens,
                      adaptive_k=args.adaptive_k, precision=args.precision, block_size=args.block_size,
                      int8_lm_head=args.int8_lm_head, kv_handoff=args.kv_handoff, drafter_device=args.drafter_device,

@@ -18,7 +18,15 @@ from orchestrator.drafters.onnx_drafter import OnnxDrafter
 from orchestrator.drafters.torch_drafter import TorchDrafter
 from orchestrator.engine import Drafter
 from orchestrator.errors import HetspecError
-from orchestrator.models import Checkpoint, ExportOptions, TargetRunner, export_drafter, resolve
+from orchestrator.models import (
+    Checkpoint,
+    ExportOptions,
+    TargetRunner,
+    check_same_vocabulary,
+    export_drafter,
+    load_tokenizer,
+    resolve,
+)
 from orchestrator.tracing import Tracer
 
 
@@ -27,6 +35,7 @@ class DrafterContext:
     """What a drafter may need from the rest of the assembly."""
 
     target_ckpt: Checkpoint  # the target's checkpoint: a drafter without its own model drafts with it
+    target_tokenizer: object = None  # the target's (loaded from target_ckpt when a drafter needs it)
     target: TargetRunner | None = None  # the running target (KV handoff); None in `hetspec drafter serve`
     tracer: Tracer = field(default_factory=lambda: Tracer(enabled=False))
     staging: protocol.StagingPool | None = None  # the engine's staging buffers (KV handoff)
@@ -40,8 +49,19 @@ class DrafterContext:
 Builder = Callable[[object, DrafterContext], Drafter]
 
 
+def drafter_checkpoint(model: str | None, ctx: DrafterContext) -> Checkpoint:
+    """The drafter's own checkpoint (checked to share the target's vocabulary), or the target's."""
+    if model is None:
+        return ctx.target_ckpt
+    ckpt = resolve(model)
+    if ckpt.key != ctx.target_ckpt.key:
+        target_tokenizer = ctx.target_tokenizer or load_tokenizer(ctx.target_ckpt)
+        check_same_vocabulary(target_tokenizer, load_tokenizer(ckpt), model)
+    return ckpt
+
+
 def build_onnx(config: OnnxDrafterConfig, ctx: DrafterContext) -> Drafter:
-    ckpt = ctx.target_ckpt if config.model is None else resolve(config.model)
+    ckpt = drafter_checkpoint(config.model, ctx)
     options = ExportOptions.for_drafter(config.precision, config.block_size, config.int8_lm_head)
     drafter = OnnxDrafter(export_drafter(ckpt, options, progress=ctx.progress), device=config.device,
                           providers=list(config.providers) or None, provider_options=config.provider_options)
@@ -53,7 +73,7 @@ def build_onnx(config: OnnxDrafterConfig, ctx: DrafterContext) -> Drafter:
 
 
 def build_torch(config: TorchDrafterConfig, ctx: DrafterContext) -> Drafter:
-    ckpt = ctx.target_ckpt if config.model is None else resolve(config.model)
+    ckpt = drafter_checkpoint(config.model, ctx)
     return TorchDrafter(ckpt, device=config.device, dtype=getattr(torch, config.dtype),
                         max_kv_tokens=config.max_kv_tokens or ctx.max_kv_tokens, block_size=ctx.kv_block_size)
 

