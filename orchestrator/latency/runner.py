@@ -1,13 +1,11 @@
 """A profiling run: one target, a target-only baseline and one speculative side per k,
 interleaved prompt by prompt (this kind of machine drifts over minutes), spans on."""
 
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 
-import torch
 from tqdm import tqdm
 
 from orchestrator.assemble import assemble

@@ -54,8 +54,10 @@ def test_no_profile_is_the_cpu_profile_and_flags_override():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the report on a machine without CUDA")
-@pytest.mark.parametrize("name", ["gpu-target-cpu-drafter", "gpu-target-npu-drafter"])
-def test_gpu_profiles_report_the_missing_gpu(name):
+@pytest.mark.parametrize("name", ["gpu-target-cpu-drafter", "gpu-target-npu-drafter", "gpu-coder", "gpu-target-npu-coder"])
+def test_gpu_profiles_report_the_missing_gpu(name, request):
+    if "coder" in name:
+        request.getfixturevalue("qwen15")  # the memory estimate reads its checkpoint (skips without [qwen])
     rc, report = check(name)
     assert rc == 1 and not report["ok"] and report["target"]["runs_on"] is None
     assert "cuda:0 is not present" in report["problems"][0] and "no fallback declared" in report["problems"][0]

@@ -10,7 +10,8 @@ from orchestrator.config import EngineConfig
 from orchestrator.errors import HetspecError, ProfileError
 from orchestrator.profiles import Overrides, apply_overrides, load_profile, shipped_profiles
 
-SHIPPED = ["cpu", "cpu-ngram", "gpu-target-cpu-drafter", "gpu-target-npu-drafter", "npu-only", "remote-drafter"]
+SHIPPED = ["cpu", "cpu-coder", "cpu-ngram", "gpu-coder", "gpu-target-cpu-drafter", "gpu-target-npu-coder",
+           "gpu-target-npu-drafter", "npu-only", "remote-drafter"]
 MISSING_CUDA = "cuda:63"  # absent on any machine these tests run on
 MISSING_NPU = "npu:63"
 
@@ -121,7 +122,7 @@ def test_bad_profile_gives_one_line_naming_the_key(tmp_path, data, match):
 
 
 def test_bad_references(tmp_path):
-    for ref, match in [("no-such-profile", r"no shipped profile of that name \(shipped: cpu, cpu-ngram"),
+    for ref, match in [("no-such-profile", r"no shipped profile of that name \(shipped: cpu, cpu-coder, cpu-ngram"),
                        (str(tmp_path), "not a file")]:
         with pytest.raises(ProfileError, match=match):
             load_profile(ref)
