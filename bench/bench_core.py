@@ -82,7 +82,7 @@ def main():
     for name, adaptive in runs:
         drafter = OnnxDrafter(export_drafter(ckpt, ExportOptions(**DRAFTERS[name]), progress=False))
         spec = Engine(target, tok, drafter, num_speculative_tokens=args.k, eos_token_ids=eos,
-                      adaptive_k=adaptive)
+                      k_policy="adaptive" if adaptive else "fixed")
         name += " adaptive" if adaptive else ""
         hetspec_side(spec, 8)(prompts[0])  # warm-up
         (tps, out, stats), (base_tps, base_out, _) = alternate(
@@ -100,7 +100,7 @@ def main():
     report["c"] = {}
     for adaptive in (True, False):  # the plain n-gram run is the one compared with HF below
         ng = Engine(target, tok, NgramDrafter(), num_speculative_tokens=args.k, eos_token_ids=eos,
-                    adaptive_k=adaptive)
+                    k_policy="adaptive" if adaptive else "fixed")
         (ng_tps, ng_out, ng_stats), (ngp_tps, ngp_out, _) = alternate(
             [hetspec_side(ng, args.tokens), base_side], grounded * 2)
         line(f"(c0) n-gram{' adaptive' if adaptive else ''} vs target-only (grounded)", "ngram", ng_tps,

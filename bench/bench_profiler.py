@@ -48,7 +48,7 @@ def twin(side: Side, name: str) -> Side:
     """The same engine configuration (same target and drafter), spans off."""
     e = side.engine
     engine = Engine(e.target, e.tokenizer, e.drafter, num_speculative_tokens=side.k, max_num_seqs=1,
-                    eos_token_ids=tuple(e.eos_token_ids), adaptive_k=e.adaptive_k, tracer=Tracer(enabled=False))
+                    eos_token_ids=tuple(e.eos_token_ids), k_policy=e.policy.policy, tracer=Tracer(enabled=False))
     return Side(name, side.k, engine)
 
 

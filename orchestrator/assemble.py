@@ -39,13 +39,16 @@ class Assembly:
     tracer: Tracer
     staging: StagingPool
 
-    def engine(self, num_speculative_tokens: int | None = None, max_num_seqs: int | None = None) -> Engine:
+    def engine(self, num_speculative_tokens: int | None = None, max_num_seqs: int | None = None,
+               k_policy: str | None = None) -> Engine:
         """An engine over these parts; k = 0 gives a target-only engine over the same target."""
         c = self.config
         k = c.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
         return Engine(self.target, self.tokenizer, self.drafter if k else None, num_speculative_tokens=k,
                       max_num_seqs=max_num_seqs or c.max_num_seqs, eos_token_ids=self.eos_token_ids,
-                      adaptive_k=c.adaptive_k, preemption=c.preemption, tracer=self.tracer, staging=self.staging)
+                      k_policy=k_policy or c.k_policy, preemption=c.preemption, tracer=self.tracer,
+                      staging=self.staging, disable_by_batch_size=c.disable_by_batch_size,
+                      draft_len_schedule=c.draft_len_schedule)
 
 
 def assemble(config: EngineConfig, tracer: Tracer | None = None, progress: bool = True) -> Assembly:

@@ -13,7 +13,9 @@ from orchestrator.errors import InvalidRequestError
 DTYPES = ("float32", "float16", "bfloat16")
 PREEMPTION_MODES = ("auto", "swap", "recompute")
 TRANSPORT_KINDS = ("inline", "shared_memory")
+K_POLICIES = ("auto", "fixed", "adaptive")
 MAX_SPECULATIVE_TOKENS = 32
+AUTO_K_MAX = 8  # the most the auto policy drafts unless told otherwise
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 
@@ -138,8 +140,12 @@ class EngineConfig:
     kv_block_size: int = 16
     max_kv_tokens: int = 8192
     max_num_seqs: int = 16
-    num_speculative_tokens: int = 4  # k
-    adaptive_k: bool = False  # shrink the draft after rejections, grow it after full accepts
+    num_speculative_tokens: int = AUTO_K_MAX  # k: the fixed k, or the most the auto policy drafts
+    # how k is chosen each step: auto (cost model, per sequence, 0 allowed) | fixed | adaptive (HF's +2/-1)
+    k_policy: str = "auto"
+    # fixed-rule baselines: no drafts from this batch size on (vLLM), and (min batch size, k) pairs (TensorRT-LLM)
+    disable_by_batch_size: int | None = None
+    draft_len_schedule: tuple[tuple[int, int], ...] = ()
     # a preempted sequence's K/V: swapped to host, recomputed, or whichever is estimated cheaper
     preemption: str = "auto"  # "auto" | "swap" | "recompute"
     drafter: DrafterConfig | None = field(default_factory=OnnxDrafterConfig)  # None = target only
@@ -157,6 +163,7 @@ class EngineConfig:
     def validate(self) -> None:
         _choice("dtype", self.dtype, DTYPES)
         _choice("preemption", self.preemption, PREEMPTION_MODES)
+        _choice("k_policy", self.k_policy, K_POLICIES)
         _choice("transport.kind", self.transport.kind, TRANSPORT_KINDS)
         if isinstance(self.drafter, TorchDrafterConfig):
             _choice("drafter dtype", self.drafter.dtype, DTYPES)

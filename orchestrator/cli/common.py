@@ -6,7 +6,7 @@ import signal
 import sys
 import threading
 
-from orchestrator.config import SamplingParams
+from orchestrator.config import MAX_SPECULATIVE_TOKENS, SamplingParams
 from orchestrator.errors import HetspecError
 
 PRECISIONS = ("int4", "int8", "fp32")
@@ -22,6 +22,19 @@ def positive(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return value
+
+
+def k_value(text: str) -> int | str:
+    """`-k auto` or `-k N` (0..32)."""
+    if text == "auto":
+        return text
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be auto or a number, got {text!r}") from None
+    if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise argparse.ArgumentTypeError(f"must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
+    return k
 
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:
@@ -43,7 +56,9 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     """The per-request flags shared by `generate` and `client`."""
     p.add_argument("--no-spec", action="store_true", help="target only, no speculation")
     # unset: the profile's (generate) or the server's (client) k
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=None, help="draft length k")
+    p.add_argument("-k", "--num-speculative-tokens", type=k_value, default=None, metavar="auto|N",
+                   help="draft length: auto (a cost model picks each sequence's k every step, 0 where "
+                        "speculation does not pay) or a fixed N (default: the profile's, auto)")
     p.add_argument("--max-new-tokens", type=positive, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -58,9 +73,10 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
     """The per-request flags as validated `SamplingParams` (with a non-empty prompt)."""
     if not args.prompt.strip():
         raise HetspecError("prompt is empty")
+    k = args.num_speculative_tokens
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), speculate=not args.no_spec,
-                            num_speculative_tokens=args.num_speculative_tokens)
+                            num_speculative_tokens=None if k == "auto" else k)  # a request's cap
     params.validate()
     return params
 

@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
                         "(default: the target's)")
     add_sampling_args(g)
     g.add_argument("--adaptive-k", action="store_true",
-                   help="vary the draft length per step: +2 after a full accept, -1 after a rejection")
+                   help="HF's heuristic instead of the cost model: +2 after a full accept, -1 after a rejection")
     g.add_argument("--device", default=None, help="target device, e.g. cpu or cuda:0")
     g.add_argument("--dtype", choices=DTYPES, default=None, help="target dtype")
     add_export_args(g, defaults=False)

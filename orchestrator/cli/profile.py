@@ -3,9 +3,9 @@
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
+from orchestrator.cli.common import k_value
 from orchestrator.config import MAX_SPECULATIVE_TOKENS
 from orchestrator.errors import HetspecError
 from orchestrator.latency import load_workload, read_run, render_compare, run_profile, write_outputs
@@ -25,8 +25,9 @@ def add_parser(sub, parser_class) -> None:
     r.add_argument("--workload", default=None, help="chat | grounded | code | a JSONL file of prompts")
     r.add_argument("--out", default=None, help="output directory (default: the profile's, or hetspec-profile)")
     r.add_argument("--sweep", default=None, metavar="k=2,4,6,8", help="draft lengths to measure")
-    r.add_argument("-k", "--num-speculative-tokens", type=int, default=None,
-                   help="the k the headline figures use (default: the profile's)")
+    r.add_argument("-k", "--num-speculative-tokens", type=k_value, default=None, metavar="auto|N",
+                   help="the side the headline figures use (default: the profile's k; auto adds the cost "
+                        "model's side)")
     r.add_argument("--max-new-tokens", type=int, default=None)
     r.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts of the workload")
     r.add_argument("--stop-at-eos", action="store_true", help="end requests at EOS (default: fixed lengths)")
@@ -62,20 +63,21 @@ def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     spec, config = profile.profiling, profile.engine_config()
     ks = parse_sweep(args.sweep) if args.sweep else spec.draft_lengths()
-    default_k = args.num_speculative_tokens or config.num_speculative_tokens
-    if default_k not in ks:
-        ks = sorted({*ks, default_k})
+    headline = args.num_speculative_tokens or ("auto" if config.k_policy == "auto" else config.num_speculative_tokens)
+    auto = headline == "auto"
+    if not auto and headline not in ks:
+        ks = sorted({*ks, headline})
     max_new = args.max_new_tokens or spec.max_new_tokens
     if max_new <= 0 or (args.num_prompts is not None and args.num_prompts <= 0):
         raise HetspecError("--max-new-tokens and --num-prompts must be positive")
     wl_name, prompts = load_workload(args.workload or spec.workload)
     prompts = prompts[:args.num_prompts or spec.num_prompts]
-    config = replace(config, num_speculative_tokens=max(ks))
     run_ = run_profile(config, profile.name, (wl_name, prompts), ks, max_new, ignore_eos=not args.stop_at_eos,
-                       progress=not args.no_progress, warmup=spec.warmup)
-    paths = write_outputs(run_, Path(args.out or spec.output_dir), default_k, trace=spec.trace)
+                       progress=not args.no_progress, warmup=spec.warmup, auto=auto)
+    paths = write_outputs(run_, Path(args.out or spec.output_dir), "auto" if auto else f"k={headline}",
+                          trace=spec.trace)
     s = run_["summary"]
-    print(f"k={s['default_k']}: decode speedup {s['speedup_decode']:.2f}x (end to end {s['speedup']:.2f}x), "
+    print(f"{s['headline']}: decode speedup {s['speedup_decode']:.2f}x (end to end {s['speedup']:.2f}x), "
           f"bound {s['bound']:.2f}x, efficiency {s['efficiency']:.2f} "
           f"({'meets' if s['efficiency_goal_met'] else 'below'} the {s['efficiency_goal']} goal)", file=sys.stderr)
     for p in paths:

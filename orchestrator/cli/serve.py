@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     served = start_server(options, [servicer.register])
     if metrics_port is not None:
         serve_metrics(engine, options.host, metrics_port)
-    drafter = f"drafter {config.drafter_kind} k={config.num_speculative_tokens}" if engine.drafter else "target only"
+    k = f"auto<={config.num_speculative_tokens}" if config.k_policy == "auto" else config.num_speculative_tokens
+    drafter = f"drafter {config.drafter_kind} k={k}" if engine.drafter else "target only"
     ready(f"serving hetspec.v1.Generation on {options.host}:{served.port} "
           f"(profile {profile.source}, {drafter}{', TLS' if options.tls_cert_file else ''}"
           f"{', token auth' if options.token else ''})")

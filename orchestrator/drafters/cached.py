@@ -58,7 +58,8 @@ class CachedDrafter(Drafter):
         self._seqs[seq_id].cache = self._open(seq_id, prompt_ids)
 
     def propose(self, seq_id: int, k: int, temperature: float = 0.0, top_k: int = 0,
-                top_p: float = 1.0, generator: torch.Generator | None = None) -> DraftProposal:
+                top_p: float = 1.0, generator: torch.Generator | None = None,
+                min_confidence: float = 0.0) -> DraftProposal:
         seq = self._seq(seq_id)
         if not seq.committed_ids:
             raise InvalidRequestError(f"sequence {seq_id} has no committed tokens to draft from")
@@ -67,18 +68,26 @@ class CachedDrafter(Drafter):
             return DraftProposal(draft_ids=[])
         self._sync_cache(seq_id, seq)
         logits = self._advance(seq_id, seq, seq.committed_ids[len(seq.cached_ids):])  # [vocab]
-        draft_ids, draft_probs = [], []
+        draft_ids, draft_probs, confidence = [], [], []
         for i in range(k):
             if temperature > 0:
                 probs = logits_to_probs(logits, temperature, top_k, top_p)  # [vocab]
-                draft_probs.append(probs)
-                draft_ids.append(int(sample(probs, generator)))
+                token = int(sample(probs, generator))
+                p = float(probs[token])
             else:
-                draft_ids.append(int(torch.argmax(logits)))
+                token = int(torch.argmax(logits))
+                # softmax at the argmax: 1 / sum(exp(logits - max))
+                p = float(1.0 / torch.exp(logits - logits[token]).sum())
+            if p < min_confidence:  # the drafter doubts this one: stop here (early stop)
+                break
+            draft_ids.append(token)
+            confidence.append(p)
+            if temperature > 0:
+                draft_probs.append(probs)
             if i < k - 1:  # the last draft's K/V is only needed if it is accepted
                 logits = self._advance(seq_id, seq, draft_ids[-1:])
-        probs = torch.stack(draft_probs) if draft_probs else None  # [k, vocab]
-        return DraftProposal(draft_ids=draft_ids, draft_probs=probs)
+        probs = torch.stack(draft_probs) if draft_probs else None  # [num_draft, vocab]
+        return DraftProposal(draft_ids=draft_ids, draft_probs=probs, confidence=confidence)
 
     def extend(self, seq_id: int, token_ids: list[int]) -> None:
         seq = self._seq(seq_id)

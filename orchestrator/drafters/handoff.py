@@ -69,8 +69,8 @@ class KvHandoffDrafter(Drafter):
             inner.start_with_kv(seq_id, prompt_ids, kv)
 
     def propose(self, seq_id: int, k: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                generator: torch.Generator | None = None) -> DraftProposal:
-        return self.inner.propose(seq_id, k, temperature, top_k, top_p, generator)
+                generator: torch.Generator | None = None, min_confidence: float = 0.0) -> DraftProposal:
+        return self.inner.propose(seq_id, k, temperature, top_k, top_p, generator, min_confidence)
 
     def extend(self, seq_id: int, token_ids: list[int]) -> None:
         self.inner.extend(seq_id, token_ids)

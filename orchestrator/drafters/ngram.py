@@ -22,7 +22,8 @@ class NgramDrafter(Drafter):
     def start(self, seq_id: int, prompt_ids: list[int]) -> None:
         self._tokens[seq_id] = list(prompt_ids)
 
-    def propose(self, seq_id, k, temperature=0.0, top_k=0, top_p=1.0, generator=None) -> DraftProposal:
+    def propose(self, seq_id, k, temperature=0.0, top_k=0, top_p=1.0, generator=None,
+                min_confidence=0.0) -> DraftProposal:
         tokens = self._tokens[seq_id]
         for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
             start = _find_last(tokens, tokens[-n:], before=len(tokens) - n)

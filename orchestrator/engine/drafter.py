@@ -17,6 +17,8 @@ class DraftProposal:
 
     draft_ids: list[int]  # [num_draft]
     draft_probs: torch.Tensor | None = None  # [num_draft, vocab] float32, rows sum to 1
+    # the drafter's own probability of each draft token (None: a drafter without a model, n-gram)
+    confidence: list[float] | None = None  # [num_draft]
     # True when the drafter could not be asked (a remote drafter that is down): the step
     # runs target-only and the request's stats count it
     unavailable: bool = False
@@ -32,6 +34,9 @@ class DraftRequest:
     top_k: int = 0
     top_p: float = 1.0
     generator: torch.Generator | None = None
+    # stop drafting at the first token the drafter itself gives less than this probability
+    # (confidence early stop; drafters without a model ignore it)
+    min_confidence: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -63,14 +68,14 @@ class Drafter(ABC):
     @abstractmethod
     def propose(
         self, seq_id: int, k: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | None = None, min_confidence: float = 0.0,
     ) -> DraftProposal: ...
 
     def propose_batch(self, requests: list[DraftRequest]) -> dict[int, DraftProposal]:
         """Drafts for several sequences in one call (one engine step). Local drafters run
         them one by one; a remote drafter sends them as one frame."""
-        return {r.seq_id: self.propose(r.seq_id, r.k, r.temperature, r.top_k, r.top_p, r.generator)
-                for r in requests}
+        return {r.seq_id: self.propose(r.seq_id, r.k, r.temperature, r.top_k, r.top_p, r.generator,
+                                       r.min_confidence) for r in requests}
 
     @abstractmethod
     def extend(self, seq_id: int, token_ids: list[int]) -> None: ...

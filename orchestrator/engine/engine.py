@@ -15,6 +15,7 @@ from orchestrator.engine.preemption import PreemptionPolicy
 from orchestrator.engine.sampling import logits_to_probs
 from orchestrator.engine.scheduler import Scheduler
 from orchestrator.engine.sequence import Sequence, Status
+from orchestrator.engine.speculation import Candidate, KPolicy, Plan, next_draft_len
 from orchestrator.engine.swap import HostKv, swap_in, swap_out
 from orchestrator.engine.verify import VerifyResult, greedy_verify, rejection_verify
 from orchestrator.errors import InvalidRequestError
@@ -37,19 +38,23 @@ class StepOutput:
 class Engine:
     """Runs requests over one target and (optionally) one drafter.
 
-    `tracer` records every phase as spans (off unless a profiling run or metrics want them);
-    `staging` holds the host buffers a preempted sequence's K/V is swapped into.
+    `k_policy` chooses each sequence's draft length every step (`speculation.KPolicy`: auto, fixed,
+    adaptive), `num_speculative_tokens` being the fixed k or the most it may choose; `tracer` records
+    every phase as spans (off unless a profiling run or metrics want them); `staging` holds the host
+    buffers a preempted sequence's K/V is swapped into.
     """
 
     def __init__(self, target: TargetRunner, tokenizer, drafter: Drafter | None = None,
                  num_speculative_tokens: int = 4, max_num_seqs: int = 16,
-                 eos_token_ids: tuple[int, ...] = (), adaptive_k: bool = False, preemption: str = "auto",
-                 tracer: Tracer | None = None, staging: StagingPool | None = None):
+                 eos_token_ids: tuple[int, ...] = (), k_policy: str = "fixed", preemption: str = "auto",
+                 tracer: Tracer | None = None, staging: StagingPool | None = None,
+                 disable_by_batch_size: int | None = None, draft_len_schedule: tuple[tuple[int, int], ...] = ()):
         self.target = target
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.k = num_speculative_tokens if drafter is not None else 0
-        self.adaptive_k = adaptive_k
+        self.policy = KPolicy(k_policy, self.k, disable_by_batch_size, draft_len_schedule)
+        self._expected = Plan({})  # this step's plan, with what the policy expects of it
         self.eos_token_ids = frozenset(eos_token_ids)
         self.preemption = PreemptionPolicy(preemption)
         self.staging = staging or StagingPool(target.device)
@@ -115,15 +120,28 @@ class Engine:
         self.tracer.flush()  # reads device timers: one sync per step, after the work
         return outputs
 
+    def _plan(self, seqs: list[Sequence]) -> Plan:
+        """Each sequence's k for this step, from the policy (the cost model sees the whole batch)."""
+        candidates = [Candidate(seq.seq_id, self._draft_cap(seq), seq.num_tokens - self.target.kv_length(seq.seq_id),
+                                seq.acceptance, seq.steps_since_draft) for seq in seqs]
+        return self.policy.plan(candidates, {seq.seq_id: seq.draft_len for seq in seqs})
+
     def _propose(self, seqs: list[Sequence]) -> dict[int, DraftProposal]:
         drafts, requests = {}, []
+        plan = self._plan(seqs) if self.drafter is not None else Plan({})
+        self._expected = plan
+        # early stop for greedy drafts, calibrated against acceptance (sampled drafts never stop early:
+        # the proposal distribution must stay q for rejection sampling to be exact)
+        cost = self.policy.cost
+        threshold = cost.confidence_threshold(cost.break_even(plan)) if self.policy.policy == "auto" else 0.0
         for seq in seqs:
-            k = self._draft_len(seq)
+            k = plan.ks.get(seq.seq_id, 0)
             if k == 0:
                 drafts[seq.seq_id] = DraftProposal(draft_ids=[])
                 continue
             p = seq.params
-            requests.append(DraftRequest(seq.seq_id, k, p.temperature, p.top_k, p.top_p, seq.generator))
+            requests.append(DraftRequest(seq.seq_id, k, p.temperature, p.top_k, p.top_p, seq.generator,
+                                         threshold if p.greedy else 0.0))
         if not requests:
             return drafts
         t0 = time.perf_counter()
@@ -134,6 +152,11 @@ class Engine:
         with self.tracer.span("draft", self._drafter_track, self.num_steps, request, flow_out=flow):
             drafts.update(self.drafter.propose_batch(requests))
         elapsed = time.perf_counter() - t0
+        # a drafter catching up (its prompt at first, the tokens of steps it sat out) does a prefill's
+        # work: only steady-state calls measure what a draft token costs
+        if all(self.sequences[r.seq_id].acceptance.drafted and not self.sequences[r.seq_id].steps_since_draft
+               for r in requests):
+            self.policy.cost.record_draft(sum(len(drafts[r.seq_id].draft_ids) for r in requests), elapsed)
         for r in requests:
             seq = self.sequences[r.seq_id]
             seq.stats.time_draft_s += elapsed
@@ -141,11 +164,12 @@ class Engine:
                 seq.stats.num_fallback_steps += 1
         return drafts
 
-    def _draft_len(self, seq: Sequence) -> int:
+    def _draft_cap(self, seq: Sequence) -> int:
+        """The most `seq` may draft now: its request's k, the tokens it still needs, the room left."""
         if not seq.prefilled or seq.k == 0:
             return 0
         room = self.max_len - seq.num_tokens - 1
-        return max(0, min(seq.draft_len, seq.remaining - 1, room))
+        return max(0, min(seq.k, seq.remaining - 1, room))
 
     def _verify(self, seqs: list[Sequence], drafts: dict[int, DraftProposal]) -> list[VerifyResult]:
         batch = []
@@ -160,7 +184,11 @@ class Engine:
         flows, self._flows = tuple(dict.fromkeys(self._flows.values())), {}
         phase = "verify" if any(seq.prefilled for seq in seqs) else "prefill"
         num_tokens = sum(len(b[1]) for b in batch)
-        with self.tracer.span(phase, self._target_track, self.num_steps, flow_in=flows, num_tokens=num_tokens):
+        expected = {}
+        if self._expected.expected_s:  # the cost model's prediction, made before the step
+            expected = dict(expected_tokens=self._expected.expected_tokens, expected_ms=self._expected.expected_s * 1e3)
+        with self.tracer.span(phase, self._target_track, self.num_steps, flow_in=flows, num_tokens=num_tokens,
+                              **expected):
             outputs = self.target.forward(batch)
         results = [self._accept(seq, drafts[seq.seq_id], out.logits) for seq, out in zip(seqs, outputs)]
         if self.target.device.type != "cpu":  # the committed ids go to the host: time that copy
@@ -174,6 +202,7 @@ class Engine:
                 seq.stats.time_verify_s += elapsed
             else:
                 seq.stats.time_prefill_s += elapsed
+        self.policy.cost.record_forward(num_tokens, elapsed)
         return results
 
     def _accept(self, seq: Sequence, draft: DraftProposal, logits: torch.Tensor) -> VerifyResult:
@@ -218,10 +247,19 @@ class Engine:
     def _record(self, seq: Sequence, draft: DraftProposal, num_accepted: int, num_committed: int) -> None:
         if not seq.prefilled:
             seq.first_token_s = time.perf_counter()
-        else:
-            seq.stats.record(len(draft.draft_ids), num_accepted, num_committed)
-            if self.adaptive_k and draft.draft_ids:
-                seq.draft_len = _next_draft_len(seq.draft_len, len(draft.draft_ids), num_accepted, seq.k)
+            return
+        num_draft = len(draft.draft_ids)
+        stats = seq.stats
+        stats.record(num_draft, num_accepted, num_committed)
+        k = self._expected.ks.get(seq.seq_id, 0)
+        stats.steps_per_k[k] = stats.steps_per_k.get(k, 0) + 1
+        stats.expected_committed += self.policy.cost.expected_tokens(seq.acceptance, num_draft)
+        self.policy.cost.record_verify(seq.acceptance, num_draft, num_accepted)
+        if draft.confidence and seq.params.greedy:
+            self.policy.cost.record_confidence(draft.confidence, num_accepted)
+        seq.steps_since_draft = 0 if num_draft else seq.steps_since_draft + 1
+        if num_draft:
+            seq.draft_len = next_draft_len(seq.draft_len, num_draft, num_accepted, seq.k)
 
     def _emit(self, seq: Sequence, new_ids: list[int]) -> StepOutput:
         """Apply EOS/length/stop limits, stream the new text, finish or hand ids to the drafter."""
@@ -307,10 +345,3 @@ class Engine:
 
 def _nbytes(results: list[VerifyResult]) -> int:
     return sum(r.output_ids.nbytes + r.num_accepted.nbytes for r in results)
-
-
-def _next_draft_len(current: int, num_draft: int, num_accepted: int, k_max: int) -> int:
-    """Dynamic speculation (HF's heuristic): +2 after a fully accepted draft, else -1; in [1, k_max]."""
-    if num_accepted == num_draft:
-        return min(k_max, current + 2)
-    return max(1, current - 1)

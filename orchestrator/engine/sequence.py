@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from orchestrator.config import SamplingParams
+from orchestrator.engine.speculation import Acceptance
 
 
 class Status(enum.Enum):
@@ -29,6 +30,8 @@ class SpecStats:
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
     num_fallback_steps: int = 0  # steps run target-only because the drafter was unavailable
+    steps_per_k: dict[int, int] = field(default_factory=dict)  # chosen k -> verify steps with it (0 included)
+    expected_committed: float = 0.0  # what the k policy's model expected these steps to commit
 
     def record(self, num_draft: int, num_accepted: int, num_committed: int) -> None:
         grow = num_draft - len(self.drafted_per_position)
@@ -65,6 +68,8 @@ class SpecStats:
             "time_draft_s": self.time_draft_s,
             "time_verify_s": self.time_verify_s,
             "num_fallback_steps": self.num_fallback_steps,
+            "steps_per_k": {str(k): n for k, n in sorted(self.steps_per_k.items())},
+            "expected_committed": self.expected_committed,
         }
 
 
@@ -74,7 +79,9 @@ class Sequence:
     prompt_ids: list[int]
     params: SamplingParams
     k: int  # maximum draft length for this request (0 = target only)
-    draft_len: int = 0  # draft length for the next step (k, or less under adaptive k)
+    draft_len: int = 0  # draft length for the next step under the adaptive policy
+    acceptance: Acceptance = field(default_factory=Acceptance)  # per draft position, for the cost model
+    steps_since_draft: int = 0
     output_ids: list[int] = field(default_factory=list)
     text: str = ""  # text emitted so far
     status: Status = Status.WAITING

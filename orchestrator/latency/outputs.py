@@ -11,10 +11,10 @@ from orchestrator.latency.summary import summarize
 from orchestrator.latency.trace_events import write_trace
 
 
-def write_outputs(run: dict, out_dir: Path, default_k: int | None = None, trace: bool = True) -> list[Path]:
+def write_outputs(run: dict, out_dir: Path, headline: str | None = None, trace: bool = True) -> list[Path]:
     """Summarize `run` and write everything into `out_dir` -> the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    summarize(run, default_k)
+    summarize(run, headline)
     paths = [out_dir / "run.json", out_dir / "report.md"]
     paths[0].write_text(json.dumps(run, indent=1))
     paths[1].write_text(render_report(run))

@@ -47,33 +47,42 @@ def _acceptance(run: dict) -> list[str]:
             continue
         acc, spec = side["summary"]["acceptance"], side["summary"]["speculation"]
         per_pos = " ".join(_f(a) for a in acc["acceptance_per_position"])
-        rows.append([side["name"], per_pos, _f(acc["alpha"]), _f(acc["mean_accepted_length"]), _f(spec["c"], 3),
-                     _f(spec["bound"]), _f(spec["speedup_decode"]), _f(spec["efficiency"]), _f(spec["verify_cost"]),
-                     _f(spec["bound_measured_verify"]), _f(spec["efficiency_measured_verify"])])
-    return _table(["side", "acceptance by position", "α", "mean accepted length", "c", "bound",
-                   "decode speedup", "efficiency", "v", "bound at v", "efficiency at v"], rows)
+        pred = spec["prediction"]
+        rows.append([side["name"], per_pos, _f(acc["alpha"]), _f(spec["mean_k"]), _f(acc["mean_accepted_length"]),
+                     _f(spec["c"], 3), _f(spec["bound"]), _f(spec["speedup_decode"]), _f(spec["efficiency"]),
+                     _f(spec["verify_cost"]), _f(pred.get("predicted_tokens_per_step")),
+                     _f(pred.get("realised_tokens_per_step")), _f(pred.get("predicted_ms_per_step"), 1),
+                     _f(pred.get("realised_ms_per_step"), 1), _f(pred.get("rate_ratio"))])
+    return _table(["side", "acceptance by position", "α", "mean k", "mean accepted length", "c", "bound",
+                   "decode speedup", "efficiency", "v", "predicted tok/step", "realised tok/step",
+                   "predicted ms/step", "realised ms/step", "realised ÷ predicted rate"], rows)
 
 
 def _headline(run: dict) -> list[str]:
     s = run["summary"]
     met = "met" if s["efficiency_goal_met"] else "NOT met"
-    spec = next(side for side in run["sides"] if side["k"] == s["default_k"])["summary"]["speculation"]
+    spec = next(side for side in run["sides"] if side["name"] == s["headline"])["summary"]["speculation"]
     transfer = ", ".join(spec["transfer_phases"]) or "none occurred in this run"
-    return [
-        f"**k = {s['default_k']}: decode speedup {s['speedup_decode']:.2f}× (end to end {s['speedup']:.2f}×), "
+    k = f"k = {spec['k']}" if spec["policy"] == "fixed" else f"{spec['policy']} k (mean {spec['mean_k']:.2f})"
+    lines = [
+        f"**{k}: decode speedup {s['speedup_decode']:.2f}× (end to end {s['speedup']:.2f}×), "
         f"Leviathan bound {s['bound']:.2f}×, efficiency {s['efficiency']:.2f} "
         f"(goal ≥ {s['efficiency_goal']}: {met}).**",
         "",
         f"Bound = (1 − α^(k+1)) / ((1 − α)(k·c + 1)) with α = {s['alpha']:.3f} "
         f"(accepted ÷ (accepted + rejected) draft tokens) and c = {s['c']:.3f} = "
         f"(draft {spec['draft_ms_per_token']:.2f} ms + transfer {spec['transfer_ms_per_token']:.2f} ms per draft token)"
-        f" ÷ target step {spec['target_step_ms']:.2f} ms (baseline TPOT). Transfer phases: {transfer}.",
-        "",
-        f"The bound assumes verifying k + 1 positions costs one target step. Measured here, a verify step costs "
-        f"v = {s['verify_cost']:.2f} target steps; with that cost in the denominator (k·c + v) the bound is "
-        f"{s['bound_measured_verify']:.2f}× and the achieved decode speedup is {s['efficiency_measured_verify']:.2f} "
-        "of it.",
+        f" ÷ target step {spec['target_step_ms']:.2f} ms (baseline TPOT). Transfer phases: {transfer}. "
+        f"The bound counts a verify over k + 1 positions as one target step; measured, it cost "
+        f"v = {s['verify_cost']:.2f}.",
     ]
+    p = s.get("prediction") or {}
+    if p:
+        lines += ["", f"The k policy's cost model, before each of {p['num_steps']} steps, expected "
+                  f"{p['predicted_tokens_per_step']:.2f} tokens in {p['predicted_ms_per_step']:.1f} ms; the steps "
+                  f"committed {p['realised_tokens_per_step']:.2f} in {p['realised_ms_per_step']:.1f} ms "
+                  f"(realised ÷ predicted tokens/s: {p['rate_ratio']:.2f})."]
+    return lines
 
 
 def render_report(run: dict) -> str:
@@ -98,7 +107,7 @@ _COMPARE = [  # (label, getter on a side summary, higher is better)
     ("α", lambda sm: (sm.get("acceptance") or {}).get("alpha")),
     ("mean accepted length", lambda sm: (sm.get("acceptance") or {}).get("mean_accepted_length")),
     ("efficiency", lambda sm: (sm.get("speculation") or {}).get("efficiency")),
-    ("efficiency at measured v", lambda sm: (sm.get("speculation") or {}).get("efficiency_measured_verify")),
+    ("realised ÷ predicted rate", lambda sm: ((sm.get("speculation") or {}).get("prediction") or {}).get("rate_ratio")),
 ]
 
 

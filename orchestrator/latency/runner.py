@@ -23,20 +23,28 @@ BASELINE = "target-only"
 
 @dataclass
 class Side:
-    """One configuration measured in the run: the baseline (k = 0) or a draft length."""
+    """One configuration measured in the run: the baseline (k = 0), a fixed draft length, or auto."""
 
     name: str
-    k: int
+    k: int  # the fixed k, or the most the auto policy may draft
     engine: Engine
+    policy: str = "fixed"
 
 
-def build_sides(config: EngineConfig, ks: list[int], progress: bool = True) -> tuple[list[Side], object]:
-    """Target-only baseline plus one engine per k, all sharing one target, one drafter and one tracer."""
+def build_sides(config: EngineConfig, ks: list[int], progress: bool = True,
+                auto: bool = False) -> tuple[list[Side], object]:
+    """Target-only baseline, one engine per fixed k and (with `auto`) the cost model's, all sharing
+    one target, one drafter and one tracer."""
     if not config.speculates:
         raise HetspecError("the profile has no drafter: a profiling run compares speculation with the baseline")
-    parts = assemble(replace(config, num_speculative_tokens=max(ks)), tracer=Tracer(), progress=progress)
+    k_auto = config.num_speculative_tokens if config.k_policy == "auto" else max(ks)
+    parts = assemble(replace(config, num_speculative_tokens=max(ks + [k_auto])), tracer=Tracer(), progress=progress)
     sides = [Side(BASELINE, 0, parts.engine(num_speculative_tokens=0, max_num_seqs=1))]
-    sides += [Side(f"k={k}", k, parts.engine(num_speculative_tokens=k, max_num_seqs=1)) for k in ks]
+    sides += [Side(f"k={k}", k, parts.engine(num_speculative_tokens=k, max_num_seqs=1, k_policy="fixed"))
+              for k in ks]
+    if auto:
+        sides.append(Side("auto", k_auto, parts.engine(num_speculative_tokens=k_auto, max_num_seqs=1,
+                                                      k_policy="auto"), "auto"))
     return sides, parts.tokenizer
 
 
@@ -94,10 +102,10 @@ def warm_up(sides: list[Side], prompt_ids: list[int], num_requests: int = 1) -> 
 
 def run_profile(config: EngineConfig, profile_name: str, workload: tuple[str, list[WorkloadPrompt]],
                 ks: list[int], max_new_tokens: int, ignore_eos: bool = True, progress: bool = True,
-                warmup: int = 1) -> dict:
+                warmup: int = 1, auto: bool = False) -> dict:
     """The whole run -> the raw part of run.json (summaries are added by `summary.summarize`)."""
     name, items = workload
-    sides, tokenizer = build_sides(config, ks, progress)
+    sides, tokenizer = build_sides(config, ks, progress, auto)
     prompts = [encode(tokenizer, item) for item in items]
     params = [SamplingParams(max_new_tokens=item.max_new_tokens or max_new_tokens, ignore_eos=ignore_eos)
               for item in items]
@@ -112,5 +120,5 @@ def run_profile(config: EngineConfig, profile_name: str, workload: tuple[str, li
         "workload": {"name": name, "num_prompts": len(items), "max_new_tokens": max_new_tokens,
                      "ignore_eos": ignore_eos, "prompts": [item.prompt for item in items]},
         "run_start_ns": t0,
-        "sides": [{"name": s.name, "k": s.k, "requests": results[s.name]} for s in sides],
+        "sides": [{"name": s.name, "k": s.k, "policy": s.policy, "requests": results[s.name]} for s in sides],
     }

@@ -108,22 +108,51 @@ def side_summary(side: dict) -> dict:
     }
 
 
+def predictions(requests: list[dict]) -> dict:
+    """The k policy's cost model, before each step (the verify span's `expected_*`), against what the
+    step realised (tokens its commit spans committed, the time all its spans took)."""
+    steps: dict[tuple, dict] = defaultdict(lambda: {"tokens": 0, "ms": 0.0})
+    for r in requests:
+        for s in r["spans"]:
+            step = steps[(r["prompt_index"], s.get("step"))]
+            step["ms"] += s["dur_ms"]
+            args = s.get("args", {})
+            if s["name"] == "verify" and "expected_tokens" in args:
+                step["expected_tokens"], step["expected_ms"] = args["expected_tokens"], args["expected_ms"]
+            if s["name"] == "commit" and "num_draft" in args:
+                step["tokens"] += args["num_accepted"] + 1
+    measured = [st for st in steps.values() if "expected_tokens" in st]
+    if not measured:
+        return {}
+    n = len(measured)
+    got_tokens, got_ms = sum(st["tokens"] for st in measured), sum(st["ms"] for st in measured)
+    want_tokens, want_ms = sum(st["expected_tokens"] for st in measured), sum(st["expected_ms"] for st in measured)
+    return {"num_steps": n, "predicted_tokens_per_step": want_tokens / n, "realised_tokens_per_step": got_tokens / n,
+            "predicted_ms_per_step": want_ms / n, "realised_ms_per_step": got_ms / n,
+            # realised tokens/s over predicted tokens/s: 1.0 when the model foresaw the step exactly
+            "rate_ratio": (got_tokens / got_ms) / (want_tokens / want_ms) if got_ms and want_ms else 0.0}
+
+
 def speculation(side: dict, summary: dict, base: dict) -> dict:
-    """Speedup over the baseline, α, c, the Leviathan bound and achieved / bound."""
+    """Speedup over the baseline, α, c, the Leviathan bound and achieved / bound, and how well the
+    k policy's cost model predicted the steps."""
     acc, phases = summary["acceptance"], summary["phases"]
     num_drafted = sum(acc["drafted_per_position"])
     draft_ms = phases.get("draft", {}).get("total_ms", 0.0)
     transfer_ms = sum(phases[p]["total_ms"] for p in TRANSFER_PHASES if p in phases)
     target_step_ms = base["tpot_ms"]
     c = (draft_ms + transfer_ms) / num_drafted / target_step_ms if num_drafted and target_step_ms else 0.0
-    bound = leviathan_bound(acc["alpha"], side["k"], c)
+    # the auto policy varies k: its bound uses the mean draft length it chose
+    k = side["k"] if side.get("policy", "fixed") != "auto" else num_drafted / max(1, acc["num_verify_steps"])
+    bound = leviathan_bound(acc["alpha"], k, c)
     speedup_decode = target_step_ms / summary["tpot_ms"] if summary["tpot_ms"] else 0.0
     # v: a verify step's own cost (all but drafting, transfers and the prefill) in baseline steps
     verify_ms = sum(st["total_ms"] for p, st in phases.items() if p not in ("draft", "prefill", *TRANSFER_PHASES))
     v = verify_ms / acc["num_verify_steps"] / target_step_ms if acc["num_verify_steps"] and target_step_ms else 1.0
-    bound_v = leviathan_bound(acc["alpha"], side["k"], c, v)
     return {
         "k": side["k"],
+        "policy": side.get("policy", "fixed"),
+        "mean_k": num_drafted / max(1, acc["num_verify_steps"]),
         "speedup": summary["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else 0.0,
         "speedup_decode": speedup_decode,
         "alpha": acc["alpha"],
@@ -135,26 +164,27 @@ def speculation(side: dict, summary: dict, base: dict) -> dict:
         "bound": bound,
         "efficiency": speedup_decode / bound if bound else 0.0,
         "verify_cost": v,
-        "bound_measured_verify": bound_v,
-        "efficiency_measured_verify": speedup_decode / bound_v if bound_v else 0.0,
+        "prediction": predictions(side["requests"]),
     }
 
 
-def summarize(run: dict, default_k: int | None = None) -> dict:
-    """Adds `summary` to every side and a run-level `summary`; returns the run."""
+def summarize(run: dict, headline: str | None = None) -> dict:
+    """Adds `summary` to every side and a run-level `summary` (of the `headline` side: by default the
+    auto policy's when it ran, else the middle fixed k); returns the run."""
     for side in run["sides"]:
         side["summary"] = side_summary(side)
     base = next(s for s in run["sides"] if s["name"] == BASELINE)["summary"]
     spec = {}
     for side in run["sides"]:
         if side["k"]:
-            side["summary"]["speculation"] = spec[side["k"]] = speculation(side, side["summary"], base)
-    ks = sorted(spec)
-    k = default_k if default_k in spec else ks[len(ks) // 2]
-    run["summary"] = {"baseline": BASELINE, "default_k": k, "ks": ks,
-                      "efficiency_goal": 0.85, **{f: spec[k][f] for f in ("speedup", "speedup_decode",
-                                                                          "alpha", "c", "bound", "efficiency",
-                                                                          "verify_cost", "bound_measured_verify",
-                                                                          "efficiency_measured_verify")}}
+            side["summary"]["speculation"] = spec[side["name"]] = speculation(side, side["summary"], base)
+    fixed = sorted((s["k"], s["name"]) for s in run["sides"] if s["k"] and s.get("policy", "fixed") == "fixed")
+    if headline not in spec:
+        headline = "auto" if "auto" in spec else fixed[len(fixed) // 2][1]
+    h = spec[headline]
+    run["summary"] = {"baseline": BASELINE, "headline": headline, "ks": [k for k, _ in fixed],
+                      "efficiency_goal": 0.85, **{f: h[f] for f in ("speedup", "speedup_decode", "alpha", "c", "bound",
+                                                                    "efficiency", "verify_cost", "mean_k")},
+                      "prediction": h["prediction"]}
     run["summary"]["efficiency_goal_met"] = run["summary"]["efficiency"] >= 0.85
     return run

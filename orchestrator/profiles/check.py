@@ -21,7 +21,9 @@ def check_profile(profile) -> dict:
             "problems": problems, "fallbacks_taken": plan.fallbacks_taken(),
             "target": _target(plan), "drafter": _drafter(plan),
             "speculation": {"num_speculative_tokens": profile.speculation.num_speculative_tokens,
-                            "adaptive_k": profile.speculation.adaptive_k, "verification": VERIFICATION},
+                            "k_policy": profile.speculation.k_and_policy()[1],
+                            "max_speculative_tokens": profile.speculation.k_and_policy()[0],
+                            "verification": VERIFICATION},
             "memory": [asdict(i) for i in items], "devices": devices}
 
 
@@ -86,7 +88,9 @@ def format_check(report: dict) -> str:
                      f"order: {', '.join(o['name'] + ' = ' + o['what'] for o in d['order'])})")
         lines += [f"           skipped {s['name']}: {s['reason']}" for s in d["skipped"]]
     s = report["speculation"]
-    lines.append(f"  k={s['num_speculative_tokens']}{' adaptive' if s['adaptive_k'] else ''}, "
+    k = s["num_speculative_tokens"]
+    k_text = f"auto (cost model, up to {s['max_speculative_tokens']})" if k == "auto" else f"{k} ({s['k_policy']})"
+    lines.append(f"  k={k_text}, "
                  f"verification {s['verification']}")
     lines.append("  memory (estimated):")
     lines += [f"    {m['device']:<8} {m['what']:<32} {_gib(m['nbytes']):>10}  {m['note']}".rstrip()

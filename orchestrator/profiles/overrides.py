@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
-from orchestrator.config import EngineConfig, OnnxDrafterConfig, RemoteDrafterConfig, TorchDrafterConfig
+from orchestrator.config import AUTO_K_MAX, EngineConfig, OnnxDrafterConfig, RemoteDrafterConfig, TorchDrafterConfig
 from orchestrator.errors import InvalidRequestError
 from orchestrator.profiles.profile import Profile
 from orchestrator.profiles.schema import NgramDrafterSpec, OnnxDrafterSpec, Placement, SpeculationSpec
@@ -29,7 +29,7 @@ class Overrides:
     drafter: str | None = None  # a drafter kind: "onnx" | "ngram"
     drafter_model: str | None = None  # the drafter's own checkpoint (a smaller model of the target's family)
     no_spec: bool = False
-    num_speculative_tokens: int | None = None
+    num_speculative_tokens: int | str | None = None  # a fixed k, or "auto" (the cost model chooses)
     adaptive_k: bool = False
     precision: str | None = None
     block_size: int | None = None
@@ -42,10 +42,14 @@ class Overrides:
 def apply_overrides(profile: Profile, given: Overrides) -> EngineConfig:
     """The profile with the given choices applied, placed on this machine."""
     config = _with_placement(profile, given).engine_config()
-    if given.num_speculative_tokens is not None:
-        config = replace(config, num_speculative_tokens=given.num_speculative_tokens)
+    k = given.num_speculative_tokens
+    if k == "auto":
+        config = replace(config, k_policy="auto", num_speculative_tokens=config.num_speculative_tokens
+                         if config.k_policy == "auto" else AUTO_K_MAX)
+    elif k is not None:
+        config = replace(config, k_policy="fixed", num_speculative_tokens=k)
     if given.adaptive_k:
-        config = replace(config, adaptive_k=True)
+        config = replace(config, k_policy="adaptive")
     return replace(config, drafter=_drafter(config.drafter, given))
 
 

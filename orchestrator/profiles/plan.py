@@ -51,14 +51,14 @@ class Plan:
         for note in self.fallbacks_taken():
             log.warning("%s", note)
         p = self.profile
-        if self.drafter is None:
-            drafter, k = None, 0
-        else:
-            drafter, k = p.drafters[self.drafter].drafter_config(), p.speculation.num_speculative_tokens
+        s = p.speculation
+        k, policy = s.k_and_policy()
+        drafter = None if self.drafter is None else p.drafters[self.drafter].drafter_config()
         return EngineConfig(model=p.target.model, device=self.target.device, dtype=self.target.dtype,
                             kv_block_size=p.target.kv.block_size, max_kv_tokens=p.target.kv.max_tokens,
-                            max_num_seqs=p.target.max_num_seqs, num_speculative_tokens=k,
-                            adaptive_k=p.speculation.adaptive_k, drafter=drafter,
+                            max_num_seqs=p.target.max_num_seqs, num_speculative_tokens=k if drafter else 0,
+                            k_policy=policy, disable_by_batch_size=s.disable_by_batch_size,
+                            draft_len_schedule=tuple(sorted(s.draft_len_schedule.items())), drafter=drafter,
                             transport=p.transport.transport_config())
 
 
@@ -66,7 +66,7 @@ def resolve_plan(profile) -> Plan:
     """Probe the devices each choice needs, in declared order, and pick the first that runs."""
     plan = Plan(profile=profile, target=None)
     _place_target(plan)
-    if profile.speculation.drafter is not None and profile.speculation.num_speculative_tokens > 0:
+    if profile.speculation.drafter is not None and profile.speculation.num_speculative_tokens != 0:
         _place_drafter(plan)
     return plan
 

@@ -7,10 +7,11 @@ probes a device, reads a file or the environment.
 import re
 from typing import Annotated, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
 
 from devices import DeviceUnavailable, device_unavailable_reason, ort_placement, ort_unavailable_reason, parse_device
 from orchestrator.config import (
+    AUTO_K_MAX,
     DTYPES,
     MAX_SPECULATIVE_TOKENS,
     TRANSPORT_KINDS,
@@ -195,14 +196,51 @@ DrafterSpec = Annotated[Union[OnnxDrafterSpec, TorchDrafterSpec, NgramDrafterSpe
                         Field(discriminator="kind")]
 
 
+SpecK = Annotated[int, Field(ge=0, le=MAX_SPECULATIVE_TOKENS)]
+
+
+def _k_or_auto(value):
+    if value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SPECULATIVE_TOKENS:
+        raise ValueError(f"must be auto or a whole number in 0..{MAX_SPECULATIVE_TOKENS}, got {value!r}")
+    return value
+
+
+KOrAuto = Annotated[Union[int, str], PlainValidator(_k_or_auto)]
+
+
 class SpeculationSpec(Section):
-    """Which drafter, how many tokens, how to verify. `drafter: null` = target only."""
+    """Which drafter, how many tokens, how to verify. `drafter: null` = target only.
+
+    `num_speculative_tokens: auto` lets the cost model choose each sequence's k every step (0 where
+    speculation does not pay), up to `max_speculative_tokens`; a number fixes k, optionally under
+    `adaptive_k` (HF's +2/-1) or the batch-size rules of vLLM (`disable_by_batch_size`) and
+    TensorRT-LLM (`draft_len_schedule`: batch size -> k), kept as baselines.
+    """
 
     drafter: DrafterName | None = None
-    num_speculative_tokens: Annotated[int, Field(ge=0, le=MAX_SPECULATIVE_TOKENS)] = 4  # k
+    num_speculative_tokens: KOrAuto = "auto"  # k
+    max_speculative_tokens: Annotated[int, Field(ge=1, le=MAX_SPECULATIVE_TOKENS)] = AUTO_K_MAX  # auto's cap
     adaptive_k: bool = False
+    disable_by_batch_size: PositiveInt | None = None
+    draft_len_schedule: dict[PositiveInt, SpecK] = {}
     # Only lossless verification exists: greedy match at T=0, rejection sampling at T>0.
     verification: Literal["exact"] = "exact"
+
+    @model_validator(mode="after")
+    def _rules_need_a_fixed_k(self):
+        if self.num_speculative_tokens == "auto":
+            for key in ("adaptive_k", "disable_by_batch_size", "draft_len_schedule"):
+                if getattr(self, key):
+                    raise ValueError(f"{key} applies to a fixed num_speculative_tokens, not auto")
+        return self
+
+    def k_and_policy(self) -> tuple[int, str]:
+        """(k or auto's cap, policy)."""
+        if self.num_speculative_tokens == "auto":
+            return self.max_speculative_tokens, "auto"
+        return self.num_speculative_tokens, "adaptive" if self.adaptive_k else "fixed"
 
 
 class ProfilingSpec(Section):

@@ -31,7 +31,8 @@ def sampling_params(request: pb.GenerateRequest, max_new_tokens_limit: int) -> S
 
 
 def final_to_pb(result: dict) -> pb.Final:
-    s = result["stats"]
+    s = dict(result["stats"])
+    s["steps_per_k"] = {int(k): n for k, n in s.get("steps_per_k", {}).items()}  # JSON keys are strings
     fields = {f.name for f in pb.SpeculationStats.DESCRIPTOR.fields}
     return pb.Final(finish_reason=result["finish_reason"] or "",
                     usage=pb.Usage(**result["usage"]),
@@ -44,6 +45,7 @@ def result_from_final(token_ids: list[int], text: str, final: pb.Final) -> dict:
     for name in ("num_steps", "num_drafted", "num_accepted", "k", "num_fallback_steps", "num_preemptions"):
         stats[name] = int(stats.get(name, 0))
     stats["drafted_per_position"] = [int(x) for x in stats.get("drafted_per_position", [])]
+    stats["steps_per_k"] = {k: int(n) for k, n in sorted(stats.get("steps_per_k", {}).items(), key=lambda kv: int(kv[0]))}
     return {
         "text": text,
         "token_ids": token_ids,

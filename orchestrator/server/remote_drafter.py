@@ -115,7 +115,8 @@ class RemoteDrafter(Drafter):
         self._seqs[seq_id] = _Mirror(committed=list(prompt_ids))  # opened at its first draft
 
     def propose(self, seq_id: int, k: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                generator: torch.Generator | None = None) -> DraftProposal:
+                generator: torch.Generator | None = None, min_confidence: float = 0.0) -> DraftProposal:
+        """(The session protocol carries no confidence: `min_confidence` is not applied remotely.)"""
         return self.propose_batch([DraftRequest(seq_id, k, temperature, top_k, top_p, generator)])[seq_id]
 
     def propose_batch(self, requests: list[DraftRequest]) -> dict[int, DraftProposal]:

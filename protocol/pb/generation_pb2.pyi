@@ -69,7 +69,14 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
-    __slots__ = ("num_steps", "num_drafted", "num_accepted", "acceptance_rate", "mean_accepted_length", "acceptance_per_position", "drafted_per_position", "time_prefill_s", "time_draft_s", "time_verify_s", "tokens_per_s", "ttft_s", "drafter", "k", "num_fallback_steps", "num_preemptions")
+    __slots__ = ("num_steps", "num_drafted", "num_accepted", "acceptance_rate", "mean_accepted_length", "acceptance_per_position", "drafted_per_position", "time_prefill_s", "time_draft_s", "time_verify_s", "tokens_per_s", "ttft_s", "drafter", "k", "num_fallback_steps", "num_preemptions", "steps_per_k", "expected_committed")
+    class StepsPerKEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFTED_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +93,8 @@ class SpeculationStats(_message.Message):
     K_FIELD_NUMBER: _ClassVar[int]
     NUM_FALLBACK_STEPS_FIELD_NUMBER: _ClassVar[int]
     NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_PER_K_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     num_steps: int
     num_drafted: int
     num_accepted: int
@@ -102,7 +111,9 @@ class SpeculationStats(_message.Message):
     k: int
     num_fallback_steps: int
     num_preemptions: int
-    def __init__(self, num_steps: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_per_position: _Optional[_Iterable[float]] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., time_prefill_s: _Optional[float] = ..., time_draft_s: _Optional[float] = ..., time_verify_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., drafter: _Optional[str] = ..., k: _Optional[int] = ..., num_fallback_steps: _Optional[int] = ..., num_preemptions: _Optional[int] = ...) -> None: ...
+    steps_per_k: _containers.ScalarMap[int, int]
+    expected_committed: float
+    def __init__(self, num_steps: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_per_position: _Optional[_Iterable[float]] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., time_prefill_s: _Optional[float] = ..., time_draft_s: _Optional[float] = ..., time_verify_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., drafter: _Optional[str] = ..., k: _Optional[int] = ..., num_fallback_steps: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., steps_per_k: _Optional[_Mapping[int, int]] = ..., expected_committed: _Optional[float] = ...) -> None: ...
 
 class ServerStatusRequest(_message.Message):
     __slots__ = ()

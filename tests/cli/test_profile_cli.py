@@ -135,7 +135,7 @@ def test_cli_errors_are_one_line(args, match):
     ("", "empty file"),
     ("version: 1\ntarget: {device: tpu:0}\n", "target.device: unknown device 'tpu:0'"),
     ("version: 1\ntarget: {device: cpu}\nspeculation: {num_speculative_tokens: -4}\n",
-     "speculation.num_speculative_tokens: Input should be greater than or equal to 0"),
+     "speculation.num_speculative_tokens: must be auto or a whole number in 0..32"),
     ("{{{", "not valid YAML"),
 ])
 def test_bad_profile_files_on_the_cli(tmp_path, text, match):

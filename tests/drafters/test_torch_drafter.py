@@ -112,3 +112,15 @@ def test_a_drafter_from_another_checkpoint_with_the_same_vocabulary_is_lossless(
     params = SamplingParams(max_new_tokens=24, ignore_eos=True)
     seq = spec.generate(ids, params)
     assert seq.output_ids == plain.generate(ids, params).output_ids and seq.stats.num_drafted > 0
+
+
+def test_a_drafter_stops_at_its_first_doubtful_token(tmp_path):
+    drafter = _drafter(tmp_path)
+    drafter.start(0, [5, 9, 12, 40])
+    full = drafter.propose(0, 4)
+    assert len(full.draft_ids) == 4 and len(full.confidence) == 4 and all(0 < p <= 1 for p in full.confidence)
+    drafter.rollback(0, 0)
+    cut = drafter.propose(0, 4, min_confidence=min(full.confidence[1:]) + 1e-6)
+    first_low = next(i for i, p in enumerate(full.confidence) if p < min(full.confidence[1:]) + 1e-6)
+    assert cut.draft_ids == full.draft_ids[:first_low] and cut.confidence == full.confidence[:first_low]
+    assert drafter.propose(0, 4, min_confidence=1.01).draft_ids == []

@@ -16,9 +16,9 @@ def target(smollm2):
     return TargetRunner(smollm2, block_size=16, max_kv_tokens=4096)
 
 
-def make_engine(target, tokenizer, ckpt, drafter=None, k=4, max_num_seqs=16, adaptive_k=False, preemption="auto"):
+def make_engine(target, tokenizer, ckpt, drafter=None, k=4, max_num_seqs=16, k_policy="fixed", preemption="auto"):
     return Engine(target, tokenizer, drafter, num_speculative_tokens=k, max_num_seqs=max_num_seqs,
-                  eos_token_ids=eos_token_ids(ckpt, tokenizer), adaptive_k=adaptive_k, preemption=preemption)
+                  eos_token_ids=eos_token_ids(ckpt, tokenizer), k_policy=k_policy, preemption=preemption)
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +145,25 @@ def test_onnx_int4_greedy_is_lossless(target, smollm2, smollm2_tokenizer, refere
     assert accepted > 0  # the INT4 drafter's proposals were actually used
 
 
+def test_auto_k_is_lossless_in_a_batch_while_k_changes(target, smollm2, smollm2_tokenizer, reference, onnx_drafter):
+    """The cost model picks each sequence's k every step (0 included) for a batch of six: greedy
+    output stays the target's, token for token."""
+    engine = make_engine(target, smollm2_tokenizer, smollm2, onnx_drafter, k=8, k_policy="auto")
+    prompts = list(reference)[:6]
+    ids = {engine.add_request(smollm2_tokenizer(p).input_ids, SamplingParams(max_new_tokens=128, ignore_eos=True)): p
+           for p in prompts}
+    while engine.has_work():
+        engine.step()
+    steps_per_k = {}
+    for seq_id, prompt in ids.items():
+        seq = engine.release(seq_id)
+        assert seq.output_ids == reference[prompt], prompt
+        for k, n in seq.stats.steps_per_k.items():
+            steps_per_k[k] = steps_per_k.get(k, 0) + n
+    assert len(steps_per_k) >= 2, steps_per_k  # k really varied
+    assert target.pool.num_free_blocks == target.pool.num_blocks
+
+
 def test_onnx_drafter_sampling_path_runs_and_is_seeded(target, smollm2, smollm2_tokenizer, onnx_drafter):
     engine = make_engine(target, smollm2_tokenizer, smollm2, onnx_drafter, k=3)
     ids = smollm2_tokenizer(PROMPTS[0]).input_ids
@@ -162,13 +181,13 @@ def test_onnx_drafter_sampling_path_runs_and_is_seeded(target, smollm2, smollm2_
     (1, 1, 0, 1),  # ... but never below 1
 ])
 def test_adaptive_draft_length_rule(current, num_draft, num_accepted, expected):
-    from orchestrator.engine.engine import _next_draft_len
+    from orchestrator.engine.speculation import next_draft_len
 
-    assert _next_draft_len(current, num_draft, num_accepted, k_max=4) == expected
+    assert next_draft_len(current, num_draft, num_accepted, k_max=4) == expected
 
 
 def test_adaptive_k_is_lossless_and_varies_the_draft_length(target, smollm2, smollm2_tokenizer, reference):
-    engine = make_engine(target, smollm2_tokenizer, smollm2, NgramDrafter(), k=6, adaptive_k=True)
+    engine = make_engine(target, smollm2_tokenizer, smollm2, NgramDrafter(), k=6, k_policy="adaptive")
     lengths = set()
     for prompt in list(reference)[-3:]:
         seq_id = engine.add_request(smollm2_tokenizer(prompt).input_ids,

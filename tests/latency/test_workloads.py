@@ -64,7 +64,7 @@ def test_profiles_give_the_engine_config_and_profiling_defaults():
 
     profile = load_profile("cpu")
     config, spec = profile.engine_config(), profile.profiling
-    assert profile.name == "cpu" and config.drafter.kind == "onnx" and config.num_speculative_tokens == 4
+    assert profile.name == "cpu" and config.drafter.kind == "onnx" and config.k_policy == "auto"
     assert spec.workload == "chat" and 0 not in spec.draft_lengths() and spec.max_new_tokens > 0
     assert load_profile("cpu-ngram").engine_config().drafter.kind == "ngram"
 

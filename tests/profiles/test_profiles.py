@@ -47,7 +47,7 @@ def test_a_file_path_loads_and_sections_have_defaults(tmp_path):
     assert profile.profiling.k_sweep == [1, 2, 4, 8] and profile.profiling.warmup == 1
     assert profile.transport.kind == "inline" and profile.server.port == 50051
     config = profile.engine_config()
-    assert config.drafter.kind == "ngram" and config.num_speculative_tokens == 4
+    assert config.drafter.kind == "ngram" and (config.k_policy, config.num_speculative_tokens) == ("auto", 8)
 
 
 BAD = [  # (profile text or dict, what the one-line message must contain)
@@ -98,6 +98,12 @@ BAD = [  # (profile text or dict, what the one-line message must contain)
      "fallback loop d -> e -> d"),
     (base(speculation={"drafter": "d", "num_speculative_tokens": 33}), "speculation.num_speculative_tokens:"),
     (base(speculation={"drafter": "d", "num_speculative_tokens": -1}), "speculation.num_speculative_tokens:"),
+    (base(speculation={"drafter": "d", "num_speculative_tokens": "fast"}),
+     "speculation.num_speculative_tokens: must be auto or a whole number in 0..32, got 'fast'"),
+    (base(speculation={"drafter": "d", "adaptive_k": True}),
+     "speculation: adaptive_k applies to a fixed num_speculative_tokens, not auto"),
+    (base(speculation={"drafter": "d", "num_speculative_tokens": 4, "draft_len_schedule": {0: 2}}),
+     "speculation.draft_len_schedule.0: Input should be greater than 0"),
     (base(speculation={"drafter": "d", "verification": "nkl"}), "speculation.verification: Input should be 'exact'"),
     (base(speculation={"drafter": "d", "adaptive_k": "yes"}), "speculation.adaptive_k: Input should be a valid bool"),
     (base(server={"port": 0}), "server.port: Input should be greater than or equal to 1"),
@@ -201,7 +207,7 @@ def test_flags_override_the_profile():
     c = _apply("gpu-target-cpu-drafter", device="cpu", dtype="float32")
     assert (c.device, c.dtype, c.drafter.kind, c.max_kv_tokens) == ("cpu", "float32", "onnx", 32768)
     c = _apply(drafter="ngram", num_speculative_tokens=2, adaptive_k=True)
-    assert (c.drafter.kind, c.num_speculative_tokens, c.adaptive_k) == ("ngram", 2, True)
+    assert (c.drafter.kind, c.num_speculative_tokens, c.k_policy) == ("ngram", 2, "adaptive")
     c = _apply(precision="int8", int8_lm_head=False, drafter_providers=("CPUExecutionProvider",))
     assert (c.drafter.precision, c.drafter.int8_lm_head, c.drafter.block_size) == ("int8", False, 32)
     assert c.drafter.providers == ("CPUExecutionProvider",)

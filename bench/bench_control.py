@@ -1,0 +1,107 @@
+"""Speculation control, side by side in one run: target-only, fixed k and the auto cost model.
+
+Grid: workloads (chat / grounded / code) x concurrency (1 / 4 / 16 requests in the running batch)
+x {target-only, fixed k = 2, 4, 8, auto}, on one profile's target and drafter (built once). Each cell
+runs every configuration `--repeats` times, the order reversed every other repeat (ABBA), after a
+warm-up of each; throughput is the batch's committed tokens over its wall time. Goals (issue 14):
+auto >= 0.98x target-only in every cell, >= 0.95x the best fixed k in every cell, and >= 1.05x the
+best fixed k in at least two.
+
+    python bench/bench_control.py [--profile cpu] [--tokens 48] [--repeats 2] [--workloads chat,grounded,code]
+        [--concurrency 1,4,16]
+
+Writes bench/figures/control-PROFILE.json (figures, spread of repeats, machine, commit).
+"""
+
+import argparse
+import statistics
+import time
+
+from orchestrator.assemble import assemble
+from orchestrator.config import SamplingParams
+from orchestrator.latency import load_workload
+from orchestrator.models import encode_prompt
+from orchestrator.profiles import load_profile
+
+from common import machine_line, write_report
+
+FIXED = (2, 4, 8)
+
+
+def run_batch(engine, prompts: list[list[int]], tokens: int) -> tuple[float, list[list[int]], dict]:
+    """All prompts admitted at once; -> (committed tokens per second, outputs, k choices)."""
+    params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
+    t0 = time.perf_counter()
+    ids = [engine.add_request(p, params) for p in prompts]
+    while engine.has_work():
+        engine.step()
+    elapsed = time.perf_counter() - t0
+    seqs = [engine.release(i) for i in ids]
+    ks: dict[int, int] = {}
+    for s in seqs:
+        for k, n in s.stats.steps_per_k.items():
+            ks[k] = ks.get(k, 0) + n
+    return sum(len(s.output_ids) for s in seqs) / elapsed, [s.output_ids for s in seqs], ks
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="cpu")
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--workloads", default="chat,grounded,code")
+    ap.add_argument("--concurrency", default="1,4,16")
+    args = ap.parse_args()
+    env = machine_line()
+    profile = load_profile(args.profile)
+    config = profile.engine_config()
+    parts = assemble(config, progress=True)
+    k_auto = config.num_speculative_tokens if config.k_policy == "auto" else max(FIXED)
+    configs = {"target-only": 0, **{f"k={k}": k for k in FIXED}, "auto": "auto"}
+    report = {"environment": env, "profile": args.profile, "tokens": args.tokens, "repeats": args.repeats,
+              "cells": []}
+    print(f"profile {args.profile}: {config.model} {config.dtype} on {config.device}, drafter {config.drafter_kind}; "
+          f"{args.tokens} tokens per request, {args.repeats} repeats (ABBA)", flush=True)
+    for wl in args.workloads.split(","):
+        _, items = load_workload(wl)
+        encoded = [encode_prompt(parts.tokenizer, item.prompt, chat=item.chat) for item in items]
+        for conc in [int(c) for c in args.concurrency.split(",")]:
+            prompts = [encoded[i % len(encoded)] for i in range(conc)]
+            engines = {}
+            for name, k in configs.items():  # fresh engines per cell: the cost model learns in the cell
+                policy = "auto" if k == "auto" else "fixed"
+                engines[name] = parts.engine(num_speculative_tokens=k_auto if k == "auto" else k,
+                                             max_num_seqs=max(16, conc), k_policy=policy)
+                run_batch(engines[name], prompts[:min(conc, 2)], 8)  # warm-up
+            results: dict[str, list[float]] = {name: [] for name in configs}
+            outputs, ks = {}, {}
+            for rep in range(args.repeats):
+                order = list(configs) if rep % 2 == 0 else list(reversed(configs))
+                for name in order:
+                    tps, out, chosen = run_batch(engines[name], prompts, args.tokens)
+                    results[name].append(tps)
+                    outputs[name], ks[name] = out, chosen
+            med = {name: statistics.median(v) for name, v in results.items()}
+            best_fixed = max((n for n in configs if n.startswith("k=")), key=med.get)
+            cell = {"workload": wl, "concurrency": conc, "tokens_per_s": results, "median": med,
+                    "auto_vs_target_only": med["auto"] / med["target-only"],
+                    "auto_vs_best_fixed": med["auto"] / med[best_fixed], "best_fixed": best_fixed,
+                    "auto_k_steps": {str(k): n for k, n in sorted(ks["auto"].items())},
+                    "identical_greedy": all(outputs[n] == outputs["target-only"] for n in configs)}
+            report["cells"].append(cell)
+            spread = " ".join(f"{n} {med[n]:.1f} ({min(results[n]):.1f}-{max(results[n]):.1f})" for n in configs)
+            print(f"{wl:<8} x{conc:<2} tok/s: {spread} | auto/target-only {cell['auto_vs_target_only']:.2f} "
+                  f"auto/{best_fixed} {cell['auto_vs_best_fixed']:.2f} | auto k steps {cell['auto_k_steps']} "
+                  f"| identical {cell['identical_greedy']}", flush=True)
+    cells = report["cells"]
+    report["goals"] = {
+        "auto_ge_0.98_target_only_everywhere": all(c["auto_vs_target_only"] >= 0.98 for c in cells),
+        "auto_ge_0.95_best_fixed_everywhere": all(c["auto_vs_best_fixed"] >= 0.95 for c in cells),
+        "auto_beats_best_fixed_by_5pct_in_2_cells": sum(c["auto_vs_best_fixed"] >= 1.05 for c in cells) >= 2,
+    }
+    print("goals:", report["goals"], flush=True)
+    write_report(f"control-{args.profile}", report)
+
+
+if __name__ == "__main__":
+    main()

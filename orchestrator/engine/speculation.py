@@ -1,0 +1,285 @@
+"""How many tokens each sequence drafts this step: an online cost model, or a fixed rule.
+
+The cost model chooses every running sequence's k in {0..k_max} to maximise the batch's expected
+committed tokens per second:
+
+    E[committed_s(k)] = 1 + sum_{j=1..k} p_s(j)         p_s(j) = P(drafts 1..j all accepted)
+    T(k_1..k_b)       = sum_s k_s * t_draft  +  V(sum_s (pending_s + k_s))  +  t_fixed
+    choose k to maximise sum_s E[committed_s] / T
+
+p_s(j) is measured per draft position, per sequence, shrunk towards the drafter's pooled estimate
+(a Beta-style prior worth `prior_weight` drafts), which itself starts at `prior_acceptance`.
+t_draft is the drafter's measured seconds per draft token; V(n) the target's measured seconds for
+a forward over n tokens (a curve, interpolated between the sizes seen; unseen sizes use a linear
+prior). A drafting step's marginal gain p_s(k_s + 1) falls with k while its marginal time does not,
+so adding one draft at a time to the sequence with the highest next gain, while that raises the
+ratio, finds the optimum. k = 0 is chosen wherever speculation does not pay; such a sequence
+decodes plainly and is re-examined every step (costs and the batch change), with a one-draft probe
+now and then so its acceptance estimate does not go stale.
+
+Fixed rules stay as baselines: a constant k, HF's +2/-1 heuristic, vLLM's `disable_by_batch_size`
+and TensorRT-LLM's `draft_len_schedule` (batch size -> k).
+"""
+
+import bisect
+import heapq
+from dataclasses import dataclass, field
+
+PRIOR_ACCEPTANCE = 0.6  # p(1) before anything is measured; p(j) = prior ** j
+PRIOR_WEIGHT = 8.0  # drafts a sequence must see before its own counts outweigh the drafter's
+PRIOR_VERIFY_SLOPE = 0.05  # unmeasured V(n) = V(1) * (1 + slope * (n - 1))
+PROBE_EVERY = 16  # a sequence held at k = 0 drafts one token every this many steps
+EMA = 0.2  # weight of a new measurement
+CONFIDENCE_BINS = 20  # calibration of the drafter's own probability against acceptance
+CONFIDENCE_MIN_SAMPLES = 30  # a bin with fewer judged drafts does not stop anything
+
+
+class Ema:
+    """An exponential moving average that is None until its first sample."""
+
+    __slots__ = ("value",)
+
+    def __init__(self):
+        self.value: float | None = None
+
+    def add(self, sample: float) -> None:
+        self.value = sample if self.value is None else (1 - EMA) * self.value + EMA * sample
+
+
+@dataclass
+class Acceptance:
+    """Drafts proposed and accepted-through at each draft position (decayed counts)."""
+
+    drafted: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+
+    def record(self, num_draft: int, num_accepted: int, decay: float = 1.0) -> None:
+        grow = num_draft - len(self.drafted)
+        if grow > 0:
+            self.drafted += [0.0] * grow
+            self.accepted += [0.0] * grow
+        if decay < 1.0:
+            self.drafted = [d * decay for d in self.drafted]
+            self.accepted = [a * decay for a in self.accepted]
+        for j in range(num_draft):
+            self.drafted[j] += 1
+            self.accepted[j] += j < num_accepted
+
+    def through(self, j: int, prior: float, weight: float) -> float:
+        """P(drafts 1..j+1 all accepted), the counts shrunk towards `prior`."""
+        d = self.drafted[j] if j < len(self.drafted) else 0.0
+        a = self.accepted[j] if j < len(self.accepted) else 0.0
+        return (a + weight * prior) / (d + weight)
+
+
+class VerifyCurve:
+    """Seconds for a target forward over n tokens, measured per n, interpolated between sizes seen."""
+
+    def __init__(self, slope: float = PRIOR_VERIFY_SLOPE):
+        self.slope = slope
+        self._by_size: dict[int, Ema] = {}
+        self._sizes: list[int] = []
+
+    def record(self, num_tokens: int, seconds: float) -> None:
+        if num_tokens not in self._by_size:
+            self._by_size[num_tokens] = Ema()
+            bisect.insort(self._sizes, num_tokens)
+        self._by_size[num_tokens].add(seconds)
+
+    @property
+    def measured(self) -> bool:
+        return bool(self._sizes)
+
+    def __call__(self, n: int) -> float:
+        if n in self._by_size:
+            return self._by_size[n].value
+        sizes = self._sizes
+        if not sizes:
+            return 1.0 + self.slope * (n - 1)  # relative units until something is measured
+        i = bisect.bisect_left(sizes, n)
+        if 0 < i < len(sizes):  # between two measured sizes: linear interpolation
+            lo, hi = sizes[i - 1], sizes[i]
+            f = (n - lo) / (hi - lo)
+            return (1 - f) * self(lo) + f * self(hi)
+        edge = sizes[0] if i == 0 else sizes[-1]  # outside: the prior's relative slope from the edge
+        return self(edge) * (1 + self.slope * (n - 1)) / (1 + self.slope * (edge - 1))
+
+
+@dataclass
+class Candidate:
+    """One running sequence as the policy sees it."""
+
+    seq_id: int
+    k_cap: int  # the most it may draft this step (request limit, room left); 0 = none
+    pending: int  # tokens the target must run for it besides drafts (1 while decoding)
+    acceptance: Acceptance  # its own measurements
+    steps_since_draft: int = 0
+
+
+@dataclass
+class Plan:
+    """The policy's choice for one step, with what it expects (for stats and reports)."""
+
+    ks: dict[int, int]  # seq_id -> k
+    expected_tokens: float = 0.0  # committed tokens the model expects from this step
+    expected_s: float = 0.0  # seconds it expects the step to take (0 when costs are not measured yet)
+    num_tokens: int = 0  # tokens in the target's forward
+
+
+class CostModel:
+    """Measured costs and acceptance; `plan` picks each sequence's k for one step."""
+
+    def __init__(self, k_max: int, prior_acceptance: float = PRIOR_ACCEPTANCE, prior_weight: float = PRIOR_WEIGHT):
+        self.k_max = k_max
+        self.prior_acceptance = prior_acceptance
+        self.prior_weight = prior_weight
+        self.drafter_acceptance = Acceptance()  # pooled over sequences, slowly decayed
+        self.draft_s_per_token = Ema()
+        self.draft_s_per_call = Ema()
+        self.verify = VerifyCurve()
+        # greedy drafts judged on their own (their prefix accepted), binned by the drafter's confidence
+        self.confidence_drafted = [0.0] * CONFIDENCE_BINS
+        self.confidence_accepted = [0.0] * CONFIDENCE_BINS
+
+    # ---- measurements ------------------------------------------------------------------------
+
+    def record_draft(self, num_tokens: int, seconds: float) -> None:
+        """One drafter call that proposed `num_tokens` tokens (over all its sequences)."""
+        if num_tokens > 0:
+            self.draft_s_per_token.add(seconds / num_tokens)
+        self.draft_s_per_call.add(seconds)
+
+    def record_forward(self, num_tokens: int, seconds: float) -> None:
+        self.verify.record(num_tokens, seconds)
+
+    def record_verify(self, own: Acceptance, num_draft: int, num_accepted: int) -> None:
+        if num_draft:
+            own.record(num_draft, num_accepted)
+            self.drafter_acceptance.record(num_draft, num_accepted, decay=0.995)
+
+    def record_confidence(self, confidence: list[float], num_accepted: int) -> None:
+        """The drafter's probability of each greedy draft token, against whether it was accepted
+        (tokens after the first rejection were never judged)."""
+        for j, p in enumerate(confidence[:num_accepted + 1]):
+            b = min(int(p * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
+            self.confidence_drafted[b] = self.confidence_drafted[b] * 0.999 + 1.0
+            self.confidence_accepted[b] = self.confidence_accepted[b] * 0.999 + (j < num_accepted)
+
+    def confidence_threshold(self, break_even: float) -> float:
+        """Early stop (seed 003, 6.1): the drafter stops below the lowest confidence from which every
+        calibrated bin's acceptance reaches `break_even`, the acceptance a draft token must have to pay
+        for itself; 0 (no stop) until the bins are measured."""
+        for b in reversed(range(CONFIDENCE_BINS)):
+            drafted = self.confidence_drafted[b]
+            if drafted >= CONFIDENCE_MIN_SAMPLES and self.confidence_accepted[b] / drafted < break_even:
+                return (b + 1) / CONFIDENCE_BINS
+        return 0.0
+
+    def break_even(self, plan: Plan) -> float:
+        """The acceptance probability at which one more draft token pays: its marginal time (a draft
+        plus one more token in the verify) times the tokens per second the plan expects."""
+        if not plan.expected_s or self.draft_s_per_token.value is None:
+            return 0.0
+        n = plan.num_tokens
+        marginal = self.draft_s_per_token.value + self.verify(n + 1) - self.verify(n)
+        return marginal * plan.expected_tokens / plan.expected_s
+
+    # ---- the choice ----------------------------------------------------------------------------
+
+    def p_through(self, own: Acceptance, j: int) -> float:
+        """P(drafts 1..j+1 of a sequence with these measurements all accepted) (j counts from 0)."""
+        prior = self.drafter_acceptance.through(j, self.prior_acceptance ** (j + 1), self.prior_weight)
+        return own.through(j, prior, self.prior_weight)
+
+    def expected_tokens(self, own: Acceptance, k: int) -> float:
+        """Tokens a verify step with k drafts is expected to commit: 1 + sum_j P(drafts 1..j accepted)."""
+        return 1.0 + sum(self.p_through(own, j) for j in range(k))
+
+    def step_seconds(self, num_tokens: int, num_drafted: int) -> float:
+        draft = 0.0
+        if num_drafted:
+            per_token = self.draft_s_per_token.value
+            draft = num_drafted * (per_token if per_token is not None else 0.1 * self.verify(1))
+        return self.verify(num_tokens) + draft
+
+    def plan(self, candidates: list[Candidate]) -> Plan:
+        """Greedy marginal allocation: add the draft with the highest acceptance probability while
+        the step's expected tokens per second go up."""
+        ks = {c.seq_id: 0 for c in candidates}
+        tokens = float(len(candidates))  # every sequence commits at least one token
+        num_tokens = sum(c.pending for c in candidates)
+        drafted = 0
+        best = tokens / self.step_seconds(num_tokens, 0) if candidates else 0.0
+        heap = [(-self.p_through(c.acceptance, 0), i) for i, c in enumerate(candidates) if c.k_cap > 0]
+        heapq.heapify(heap)
+        while heap:
+            neg_p, i = heapq.heappop(heap)
+            c = candidates[i]
+            ratio = (tokens - neg_p) / self.step_seconds(num_tokens + 1, drafted + 1)
+            if ratio <= best:
+                break  # every other candidate gains less for the same added time
+            best, tokens, num_tokens, drafted = ratio, tokens - neg_p, num_tokens + 1, drafted + 1
+            ks[c.seq_id] += 1
+            if ks[c.seq_id] < c.k_cap:
+                heapq.heappush(heap, (-self.p_through(c.acceptance, ks[c.seq_id]), i))
+        for c in candidates:  # probe: keep the acceptance of sequences held at k = 0 from going stale
+            if ks[c.seq_id] == 0 and c.k_cap > 0 and c.steps_since_draft >= PROBE_EVERY:
+                ks[c.seq_id] = 1
+                tokens += self.p_through(c.acceptance, 0)
+                num_tokens += 1
+                drafted += 1
+        measured = self.verify.measured
+        return Plan(ks, tokens, self.step_seconds(num_tokens, drafted) if measured else 0.0, num_tokens)
+
+    def evaluate(self, candidates: list[Candidate], ks: dict[int, int]) -> Plan:
+        """What the model expects of a step with these k (a fixed rule's choice, say)."""
+        tokens = sum(self.expected_tokens(c.acceptance, ks.get(c.seq_id, 0)) for c in candidates)
+        drafted = sum(ks.values())
+        num_tokens = sum(c.pending for c in candidates) + drafted
+        return Plan(ks, tokens, self.step_seconds(num_tokens, drafted) if self.verify.measured else 0.0, num_tokens)
+
+
+class KPolicy:
+    """The engine's choice of k per sequence and step: `auto` (the cost model), `fixed` (k, under the
+    batch-size rules) or `adaptive` (HF's +2/-1 per sequence). Measurements go in whatever the policy,
+    so the cost model's view is there to compare against."""
+
+    def __init__(self, policy: str = "fixed", k_max: int = 4, disable_by_batch_size: int | None = None,
+                 draft_len_schedule: tuple[tuple[int, int], ...] = ()):
+        if policy not in ("auto", "fixed", "adaptive"):
+            raise ValueError(f"k policy must be auto, fixed or adaptive, got {policy!r}")
+        self.policy = policy
+        self.k_max = k_max
+        self.disable_by_batch_size = disable_by_batch_size
+        self.draft_len_schedule = tuple(draft_len_schedule)
+        self.cost = CostModel(k_max)
+
+    def plan(self, candidates: list[Candidate], draft_lens: dict[int, int]) -> Plan:
+        """k for each candidate; `draft_lens` are the adaptive policy's per-sequence lengths."""
+        if self.policy == "auto":
+            return self.cost.plan(candidates)
+        k = scheduled_k(self.k_max, len(candidates), self.disable_by_batch_size, self.draft_len_schedule)
+        if self.policy == "adaptive":
+            ks = {c.seq_id: min(c.k_cap, k, draft_lens.get(c.seq_id, k)) for c in candidates}
+        else:
+            ks = {c.seq_id: min(c.k_cap, k) for c in candidates}
+        return self.cost.evaluate(candidates, ks)  # the model's expectation, to compare with what happens
+
+
+def next_draft_len(current: int, num_draft: int, num_accepted: int, k_max: int) -> int:
+    """Dynamic speculation (HF's heuristic): +2 after a fully accepted draft, else -1; in [1, k_max]."""
+    if num_accepted == num_draft:
+        return min(k_max, current + 2)
+    return max(1, current - 1)
+
+
+def scheduled_k(k: int, batch_size: int, disable_by_batch_size: int | None,
+                draft_len_schedule: tuple[tuple[int, int], ...]) -> int:
+    """The fixed rules: vLLM turns speculation off from a batch size on; TensorRT-LLM's schedule maps
+    batch sizes to draft lengths (the entry with the largest batch size <= the batch applies)."""
+    if disable_by_batch_size is not None and batch_size >= disable_by_batch_size:
+        return 0
+    for min_batch, scheduled in sorted(draft_len_schedule, reverse=True):
+        if batch_size >= min_batch:
+            return min(k, scheduled)
+    return k

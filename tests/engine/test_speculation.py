@@ -1,0 +1,147 @@
+"""The k policies: the cost model's choices against hand-computed tables, and the fixed-rule baselines."""
+
+import pytest
+
+from orchestrator.engine.speculation import (
+    PRIOR_ACCEPTANCE,
+    Acceptance,
+    Candidate,
+    CostModel,
+    KPolicy,
+    VerifyCurve,
+    scheduled_k,
+)
+
+
+def model(verify: dict[int, float], draft_per_token: float | None = None, k_max: int = 8) -> CostModel:
+    """A cost model that has measured exactly these costs (an EMA's first sample is the value)."""
+    m = CostModel(k_max)
+    for n, seconds in verify.items():
+        m.record_forward(n, seconds)
+    if draft_per_token is not None:
+        m.record_draft(10, 10 * draft_per_token)
+    return m
+
+
+def decoding(seq_id: int, k_cap: int = 8, acceptance: Acceptance | None = None) -> Candidate:
+    return Candidate(seq_id, k_cap, pending=1, acceptance=acceptance or Acceptance())
+
+
+def linear(v1: float, slope: float, up_to: int = 64) -> dict[int, float]:
+    return {n: v1 + slope * (n - 1) for n in range(1, up_to + 1)}
+
+
+def test_verify_curve_interpolates_between_sizes_and_extrapolates_with_the_prior_slope():
+    curve = VerifyCurve(slope=0.05)
+    assert not curve.measured and curve(3) == pytest.approx(1.1)  # relative units before any measurement
+    curve.record(1, 0.100)
+    curve.record(5, 0.150)
+    assert curve(1) == 0.100 and curve(3) == pytest.approx(0.125)
+    assert curve(9) == pytest.approx(0.150 * (1 + 0.05 * 8) / (1 + 0.05 * 4))
+
+
+def test_acceptance_is_shrunk_towards_the_prior_by_its_weight():
+    own = Acceptance()
+    own.record(3, 1)  # position 1 accepted, 2 and 3 rejected
+    own.record(3, 3)
+    # position 1: 2 of 2 accepted; position 3: 1 of 2
+    assert own.through(0, prior=0.5, weight=2) == pytest.approx((2 + 1) / (2 + 2))
+    assert own.through(2, prior=0.5, weight=2) == pytest.approx((1 + 1) / (2 + 2))
+    assert own.through(5, prior=0.3, weight=2) == pytest.approx(0.3)  # never drafted: the prior
+
+
+# (verify seconds by tokens in the forward, draft seconds per token, expected k) for one decoding
+# sequence with nothing measured about acceptance: P(drafts 1..j accepted) = 0.6 ** j.
+# Expected tokens / step time, from k = 0 upwards (the greedy stops at the first k that lowers it):
+SINGLE = [
+    # free verify and drafts: every draft adds tokens and no time -> the cap
+    (linear(1.0, 0.0), 0.0, 8),
+    # verify +0.5 per token: k=0 1/1, k=1 1.6/1.5 = 1.067, k=2 1.96/2.0 = 0.98 -> 1
+    (linear(1.0, 0.5), 0.0, 1),
+    # verify +0.1, drafts 0.1: k=1 1.6/1.2 = 1.333, k=2 1.96/1.4 = 1.4, k=3 2.176/1.6 = 1.36 -> 2
+    (linear(1.0, 0.1), 0.1, 2),
+    # drafts cost 0.7 of a step: k=1 1.6/1.7 = 0.94 < 1 -> 0, speculation does not pay
+    (linear(1.0, 0.0), 0.7, 0),
+]
+
+
+@pytest.mark.parametrize("verify, draft, expected", SINGLE)
+def test_one_sequence_gets_the_hand_computed_k(verify, draft, expected):
+    assert PRIOR_ACCEPTANCE == 0.6
+    plan = model(verify, draft).plan([decoding(0)])
+    assert plan.ks == {0: expected}
+
+
+def test_measured_acceptance_raises_k_and_the_expectation_matches_it():
+    m = model(linear(1.0, 0.1), 0.1)
+    good = Acceptance()
+    for _ in range(200):
+        good.record(8, 8)  # everything accepted: P -> (200 + 8 * prior) / 208, close to 1
+    plan = m.plan([decoding(0, acceptance=good)])
+    # k=8: 1 + 8 * ~0.99 = 8.9 tokens over 1 + 0.8 + 0.8 = 2.6 s beats every shorter draft
+    assert plan.ks == {0: 8}
+    assert plan.expected_tokens == pytest.approx(m.expected_tokens(good, 8))
+    assert plan.expected_s == pytest.approx(1.0 + 0.1 * 8 + 0.1 * 8)
+
+
+def test_a_bigger_batch_drafts_less_because_verify_grows_with_batch_times_k():
+    """Verify cost 1 + 0.1 per token in the forward, free drafts: alone a sequence drafts 3; in a
+    batch of 8 the step already costs 1.7, and only a first draft beats the batch's rate."""
+    m = model(linear(1.0, 0.1, up_to=128), 0.0)
+    alone = m.plan([decoding(0)]).ks[0]
+    batch = m.plan([decoding(i) for i in range(8)]).ks
+    # alone: k=0 1.0, k=1 1.6/1.1 = 1.455, k=2 1.96/1.2 = 1.633, k=3 2.176/1.3 = 1.674,
+    # k=4 2.306/1.4 = 1.647 -> 3. batch of 8: rate 8/1.7 = 4.71 per s; a first draft (0.6 tokens
+    # for 0.1 s) is 6/s > 4.71, a second (0.36 for 0.1) is 3.6/s: every sequence drafts 1 at most
+    assert alone == 3
+    assert set(batch.values()) == {1}
+
+
+def test_a_sequence_held_at_zero_is_probed_now_and_then():
+    m = model(linear(1.0, 0.0), 0.7)
+    held = decoding(0)
+    assert m.plan([held]).ks == {0: 0}
+    held.steps_since_draft = 16
+    assert m.plan([held]).ks == {0: 1}
+
+
+def test_caps_and_prefilling_sequences_are_respected():
+    m = model(linear(1.0, 0.0, up_to=256), 0.0)
+    prefill = Candidate(1, k_cap=0, pending=100, acceptance=Acceptance())
+    plan = m.plan([decoding(0, k_cap=3), prefill])
+    assert plan.ks == {0: 3, 1: 0}
+
+
+@pytest.mark.parametrize("batch, disable, schedule, expected", [
+    (1, None, (), 6),
+    (4, 4, (), 0),  # vLLM: off from batch size 4 on
+    (3, 4, (), 6),
+    (1, None, ((1, 8), (4, 4), (16, 2)), 6),  # TensorRT-LLM: min(k, scheduled)
+    (5, None, ((1, 8), (4, 4), (16, 2)), 4),
+    (16, None, ((1, 8), (4, 4), (16, 2)), 2),
+])
+def test_fixed_rules(batch, disable, schedule, expected):
+    assert scheduled_k(6, batch, disable, schedule) == expected
+    policy = KPolicy("fixed", 6, disable, schedule)
+    plan = policy.plan([decoding(i) for i in range(batch)], {})
+    assert set(plan.ks.values()) == {expected}
+
+
+def test_confidence_early_stop_threshold_is_calibrated_on_acceptance():
+    m = CostModel(8)
+    assert m.confidence_threshold(0.5) == 0.0  # nothing calibrated yet: no early stop
+    for i in range(50):
+        m.record_confidence([0.92], num_accepted=int(i % 10 != 0))  # 90% of confident drafts accepted
+        m.record_confidence([0.31], num_accepted=int(i % 5 == 0))  # 20% of doubtful ones
+    # bin [0.30, 0.35) falls short of a 0.5 break-even: stop below 0.35; the 0.9 bin stands
+    assert m.confidence_threshold(0.5) == pytest.approx(0.35)
+    assert m.confidence_threshold(0.1) == 0.0  # both pay when a draft is that cheap
+    m.record_confidence([0.95, 0.95, 0.1], num_accepted=1)  # only the first rejection is judged
+    assert m.confidence_drafted[2] == 0.0
+
+
+def test_break_even_is_the_marginal_draft_time_times_the_expected_rate():
+    m = model(linear(1.0, 0.1), 0.2)
+    plan = m.plan([decoding(0)])
+    rate = plan.expected_tokens / plan.expected_s
+    assert m.break_even(plan) == pytest.approx((0.2 + 0.1) * rate)
