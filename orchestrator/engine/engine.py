@@ -123,7 +123,7 @@ class Engine:
     def _plan(self, seqs: list[Sequence]) -> Plan:
         """Each sequence's k for this step, from the policy (the cost model sees the whole batch)."""
         candidates = [Candidate(seq.seq_id, self._draft_cap(seq), seq.num_tokens - self.target.kv_length(seq.seq_id),
-                                seq.acceptance, seq.steps_since_draft) for seq in seqs]
+                                seq.acceptance, self._drafter_lag(seq)) for seq in seqs]
         return self.policy.plan(candidates, {seq.seq_id: seq.draft_len for seq in seqs})
 
     def _propose(self, seqs: list[Sequence]) -> dict[int, DraftProposal]:
@@ -152,17 +152,20 @@ class Engine:
         with self.tracer.span("draft", self._drafter_track, self.num_steps, request, flow_out=flow):
             drafts.update(self.drafter.propose_batch(requests))
         elapsed = time.perf_counter() - t0
-        # a drafter catching up (its prompt at first, the tokens of steps it sat out) does a prefill's
-        # work: only steady-state calls measure what a draft token costs
-        if all(self.sequences[r.seq_id].acceptance.drafted and not self.sequences[r.seq_id].steps_since_draft
-               for r in requests):
-            self.policy.cost.record_draft(sum(len(drafts[r.seq_id].draft_ids) for r in requests), elapsed)
+        catch_up = sum(self._drafter_lag(self.sequences[r.seq_id]) - 1 for r in requests)
+        self.policy.cost.record_draft(len(requests), sum(len(drafts[r.seq_id].draft_ids) for r in requests),
+                                      catch_up, elapsed)
         for r in requests:
             seq = self.sequences[r.seq_id]
             seq.stats.time_draft_s += elapsed
             if drafts[r.seq_id].unavailable:
                 seq.stats.num_fallback_steps += 1
         return drafts
+
+    @staticmethod
+    def _drafter_lag(seq: Sequence) -> int:
+        """Committed tokens the drafter would run before drafting: all of them before its first draft."""
+        return seq.drafter_lag if seq.acceptance.drafted else seq.num_tokens
 
     def _draft_cap(self, seq: Sequence) -> int:
         """The most `seq` may draft now: its request's k, the tokens it still needs, the room left."""
@@ -257,7 +260,8 @@ class Engine:
         self.policy.cost.record_verify(seq.acceptance, num_draft, num_accepted)
         if draft.confidence and seq.params.greedy:
             self.policy.cost.record_confidence(draft.confidence, num_accepted)
-        seq.steps_since_draft = 0 if num_draft else seq.steps_since_draft + 1
+        # the drafter cached its accepted drafts: only the recovered/bonus token is new to it
+        seq.drafter_lag = 1 if num_draft else seq.drafter_lag + num_committed
         if num_draft:
             seq.draft_len = next_draft_len(seq.draft_len, num_draft, num_accepted, seq.k)
 

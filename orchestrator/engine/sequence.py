@@ -81,7 +81,7 @@ class Sequence:
     k: int  # maximum draft length for this request (0 = target only)
     draft_len: int = 0  # draft length for the next step under the adaptive policy
     acceptance: Acceptance = field(default_factory=Acceptance)  # per draft position, for the cost model
-    steps_since_draft: int = 0
+    drafter_lag: int = 0  # committed tokens its drafter has not run yet (0 until it first drafts)
     output_ids: list[int] = field(default_factory=list)
     text: str = ""  # text emitted so far
     status: Status = Status.WAITING

