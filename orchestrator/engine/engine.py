@@ -123,7 +123,7 @@ class Engine:
     def _plan(self, seqs: list[Sequence]) -> Plan:
         """Each sequence's k for this step, from the policy (the cost model sees the whole batch)."""
         candidates = [Candidate(seq.seq_id, self._draft_cap(seq), seq.num_tokens - self.target.kv_length(seq.seq_id),
-                                seq.acceptance, self._drafter_lag(seq)) for seq in seqs]
+                                seq.acceptance, self._drafter_lag(seq), seq.remaining) for seq in seqs]
         return self.policy.plan(candidates, {seq.seq_id: seq.draft_len for seq in seqs})
 
     def _propose(self, seqs: list[Sequence]) -> dict[int, DraftProposal]:

@@ -4,18 +4,19 @@ The cost model chooses every running sequence's k in {0..k_max} to maximise the 
 committed tokens per second:
 
     E[committed_s(k)] = 1 + sum_{j=1..k} p_s(j)         p_s(j) = P(drafts 1..j all accepted)
-    T(k_1..k_b)       = sum_s k_s * t_draft  +  V(sum_s (pending_s + k_s))  +  t_fixed
+    T(k_1..k_b)       = V(sum_s pending_s + k_s) + D(sequences drafting, sum_s k_s, catch-up tokens)
     choose k to maximise sum_s E[committed_s] / T
 
 p_s(j) is measured per draft position, per sequence, shrunk towards the drafter's pooled estimate
 (a Beta-style prior worth `prior_weight` drafts), which itself starts at `prior_acceptance`.
-t_draft is the drafter's measured seconds per draft token; V(n) the target's measured seconds for
-a forward over n tokens (a curve, interpolated between the sizes seen; unseen sizes use a linear
-prior). A drafting step's marginal gain p_s(k_s + 1) falls with k while its marginal time does not,
-so adding one draft at a time to the sequence with the highest next gain, while that raises the
-ratio, finds the optimum. k = 0 is chosen wherever speculation does not pay; such a sequence
-decodes plainly and is re-examined every step (costs and the batch change), with a one-draft probe
-now and then so its acceptance estimate does not go stale.
+V(n) is the target's measured seconds for a forward over n tokens (per size, interpolated; unseen
+sizes follow a linear prior); D the drafter's seconds per call, fitted per sequence, per draft token
+and per catch-up token (`DraftCost`). A catch-up (the committed tokens a sequence's drafter has not
+run: its prompt at first, the steps it sat out) is paid once and then serves every later draft, so
+the choice spreads it over the steps the sequence still has. Starting from k = 0 everywhere, the
+draft that raises the expected rate most is added while one does. k = 0 wherever speculation does
+not pay: the sequence decodes plainly and is re-examined every step (costs and the batch change);
+after a long run without any draft, one cheap probe keeps the acceptance estimate fresh.
 
 Fixed rules stay as baselines: a constant k, HF's +2/-1 heuristic, vLLM's `disable_by_batch_size`
 and TensorRT-LLM's `draft_len_schedule` (batch size -> k).
@@ -156,6 +157,7 @@ class Candidate:
     pending: int  # tokens the target must run for it besides drafts (1 while decoding)
     acceptance: Acceptance  # its own measurements
     lag: int = 1  # committed tokens its drafter has not run (1 when it drafted last step)
+    remaining: int = 1 << 30  # tokens it may still generate
 
 
 @dataclass
@@ -258,7 +260,8 @@ class CostModel:
             choice = None  # (ratio, candidate, p, starts)
             for c in starters:
                 p = self.p_through(c.acceptance, 0)
-                ratio = (tokens + p) / self.step_seconds(n + 1, drafting + 1, drafted + 1, catch_up + c.lag - 1)
+                ratio = (tokens + p) / self.step_seconds(n + 1, drafting + 1, drafted + 1,
+                                                         catch_up + self._amortised(c))
                 if choice is None or ratio > choice[0]:
                     choice = (ratio, c, p, True)
             if continuers:
@@ -271,13 +274,14 @@ class CostModel:
                 break  # no draft left raises the expected rate
             if starts:
                 starters.remove(c)
-                drafting, catch_up = drafting + 1, catch_up + c.lag - 1
+                drafting, catch_up = drafting + 1, catch_up + self._amortised(c)
             else:
                 heapq.heappop(continuers)
             best, tokens, n, drafted = ratio, tokens + p, n + 1, drafted + 1
             ks[c.seq_id] += 1
             if ks[c.seq_id] < c.k_cap:
                 heapq.heappush(continuers, (-self.p_through(c.acceptance, ks[c.seq_id]), index[c.seq_id]))
+        catch_up = sum(c.lag - 1 for c in candidates if ks[c.seq_id])  # the step itself pays it all
         self._steps_since_draft = 0 if drafted else self._steps_since_draft + 1
         probe = [c for c in candidates if c.k_cap > 0]
         if not drafted and probe and self._steps_since_draft >= PROBE_EVERY:
@@ -290,6 +294,12 @@ class CostModel:
             self._steps_since_draft = 0
         expected_s = self.step_seconds(n, drafting, drafted, catch_up) if self.verify.measured else 0.0
         return Plan(ks, tokens, expected_s, n)
+
+    def _amortised(self, c: Candidate) -> float:
+        """A catch-up is paid once for all the steps the sequence will then draft in: spread over the
+        steps it still needs at the pace a one-token draft would give it."""
+        steps_left = max(1.0, c.remaining / (1.0 + self.p_through(c.acceptance, 0)))
+        return (c.lag - 1) / steps_left
 
     def evaluate(self, candidates: list[Candidate], ks: dict[int, int]) -> Plan:
         """What the model expects of a step with these k (a fixed rule's choice, say)."""

@@ -24,8 +24,9 @@ def model(verify: dict[int, float], draft_per_token: float | None = None, k_max:
     return m
 
 
-def decoding(seq_id: int, k_cap: int = 8, acceptance: Acceptance | None = None, lag: int = 1) -> Candidate:
-    return Candidate(seq_id, k_cap, pending=1, acceptance=acceptance or Acceptance(), lag=lag)
+def decoding(seq_id: int, k_cap: int = 8, acceptance: Acceptance | None = None, lag: int = 1,
+             remaining: int = 1000) -> Candidate:
+    return Candidate(seq_id, k_cap, pending=1, acceptance=acceptance or Acceptance(), lag=lag, remaining=remaining)
 
 
 def linear(v1: float, slope: float, up_to: int = 64) -> dict[int, float]:
@@ -113,11 +114,15 @@ def test_draft_cost_is_fitted_per_sequence_token_and_catch_up_token():
     for seqs, tokens, catch_up in ((1, 4, 0), (4, 4, 0), (2, 12, 100), (3, 3, 10), (1, 8, 500)):
         m.record_draft(seqs, tokens, catch_up, a * seqs + b * tokens + c * catch_up)
     assert m.draft(2, 6, 50, prior=1.0) == pytest.approx(a * 2 + b * 6 + c * 50, rel=1e-2)
-    # a long catch-up makes a first draft expensive: the lagging sequence is not started
+    # a catch-up is paid once for the rest of the sequence: 399 tokens (0.4 s) are not worth it for a
+    # sequence with 4 tokens to go, and are for one with 1000 to go (0.4 s over ~600 steps)
     cheap_verify = model(linear(0.1, 0.0), None)
     cheap_verify.draft = m.draft
-    plan = cheap_verify.plan([decoding(0, k_cap=1, lag=1), decoding(1, k_cap=1, lag=400)])
+    plan = cheap_verify.plan([decoding(0, k_cap=1, lag=1), decoding(1, k_cap=1, lag=400, remaining=4)])
     assert plan.ks == {0: 1, 1: 0}
+    plan = cheap_verify.plan([decoding(0, k_cap=1, lag=1), decoding(1, k_cap=1, lag=400, remaining=1000)])
+    assert plan.ks == {0: 1, 1: 1}
+    assert plan.expected_s == pytest.approx(0.1 + a * 2 + b * 2 + c * 399, rel=1e-2)  # the step pays it all
 
 
 def test_caps_and_prefilling_sequences_are_respected():
