@@ -54,8 +54,8 @@ class CachedDrafter(Drafter):
             raise InvalidRequestError(f"sequence {seq_id} is already open in the drafter")
         if not prompt_ids:
             raise InvalidRequestError("the drafter needs a non-empty prompt")
+        # the cache opens at the first draft: a sequence the engine never drafts for costs nothing
         self._seqs[seq_id] = CachedSequence(committed_ids=list(prompt_ids))
-        self._seqs[seq_id].cache = self._open(seq_id, prompt_ids)
 
     def propose(self, seq_id: int, k: int, temperature: float = 0.0, top_k: int = 0,
                 top_p: float = 1.0, generator: torch.Generator | None = None,
@@ -67,6 +67,7 @@ class CachedDrafter(Drafter):
         if k == 0:
             return DraftProposal(draft_ids=[])
         self._sync_cache(seq_id, seq)
+        self._opened(seq_id, seq)
         logits = self._advance(seq_id, seq, seq.committed_ids[len(seq.cached_ids):])  # [vocab]
         draft_ids, draft_probs, confidence = [], [], []
         for i in range(k):
@@ -122,6 +123,11 @@ class CachedDrafter(Drafter):
             return self._seqs[seq_id]
         except KeyError:
             raise InvalidRequestError(f"sequence {seq_id} is not open in the drafter") from None
+
+    def _opened(self, seq_id: int, seq: CachedSequence) -> CachedSequence:
+        if seq.cache is None:
+            seq.cache = self._open(seq_id, seq.committed_ids)
+        return seq
 
     def _sync_cache(self, seq_id: int, seq: CachedSequence) -> None:
         """Cut the cache to its common prefix with the committed tokens, leaving >= 1 to run."""

@@ -82,7 +82,7 @@ class OnnxDrafter(CachedDrafter):
             raise InvalidRequestError(f"handed-off KV has shape {tuple(kv.shape)}; this drafter needs {want} "
                                       f"with at most {len(prompt_ids)} tokens")
         self.start(seq_id, prompt_ids)
-        seq = self._seqs[seq_id]
+        seq = self._opened(seq_id, self._seqs[seq_id])
         seq.cache.write_prefix(kv.to(torch.float32).numpy().astype(self._kv_dtype, copy=False))
         seq.cached_ids = list(prompt_ids[:kv.shape[3]])
 

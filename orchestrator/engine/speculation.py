@@ -51,28 +51,33 @@ class Ema:
 
 @dataclass
 class Acceptance:
-    """Drafts proposed and accepted-through at each draft position (decayed counts)."""
+    """Per draft position: how often it was judged (every earlier draft accepted) and accepted
+    (decayed counts), so conditional acceptance rates can be estimated position by position."""
 
-    drafted: list[float] = field(default_factory=list)
+    judged: list[float] = field(default_factory=list)
     accepted: list[float] = field(default_factory=list)
 
     def record(self, num_draft: int, num_accepted: int, decay: float = 1.0) -> None:
-        grow = num_draft - len(self.drafted)
+        grow = num_draft - len(self.judged)
         if grow > 0:
-            self.drafted += [0.0] * grow
+            self.judged += [0.0] * grow
             self.accepted += [0.0] * grow
         if decay < 1.0:
-            self.drafted = [d * decay for d in self.drafted]
+            self.judged = [d * decay for d in self.judged]
             self.accepted = [a * decay for a in self.accepted]
-        for j in range(num_draft):
-            self.drafted[j] += 1
+        for j in range(min(num_draft, num_accepted + 1)):  # drafts after the first rejection were not judged
+            self.judged[j] += 1
             self.accepted[j] += j < num_accepted
 
-    def through(self, j: int, prior: float, weight: float) -> float:
-        """P(drafts 1..j+1 all accepted), the counts shrunk towards `prior`."""
-        d = self.drafted[j] if j < len(self.drafted) else 0.0
+    @property
+    def drafted(self) -> bool:
+        return bool(self.judged)
+
+    def rate(self, j: int, prior: float, weight: float) -> float:
+        """P(draft j+1 accepted | drafts 1..j accepted), the counts shrunk towards `prior`."""
+        n = self.judged[j] if j < len(self.judged) else 0.0
         a = self.accepted[j] if j < len(self.accepted) else 0.0
-        return (a + weight * prior) / (d + weight)
+        return (a + weight * prior) / (n + weight)
 
 
 class VerifyCurve:
@@ -178,6 +183,7 @@ class CostModel:
         self.prior_acceptance = prior_acceptance
         self.prior_weight = prior_weight
         self.drafter_acceptance = Acceptance()  # pooled over sequences, slowly decayed
+        self._pooled: list[float] | None = None  # its conditional rates, per position (cached)
         self.draft = DraftCost()
         self.verify = VerifyCurve()
         self._steps_since_draft = 0
@@ -199,6 +205,7 @@ class CostModel:
         if num_draft:
             own.record(num_draft, num_accepted)
             self.drafter_acceptance.record(num_draft, num_accepted, decay=0.995)
+            self._pooled = None
 
     def record_confidence(self, confidence: list[float], num_accepted: int) -> None:
         """The drafter's probability of each greedy draft token, against whether it was accepted
@@ -229,10 +236,25 @@ class CostModel:
 
     # ---- the choice ----------------------------------------------------------------------------
 
+    def pooled_rates(self) -> list[float]:
+        """The drafter's conditional acceptance per position, over all sequences. A position with few
+        measurements leans on the rate before it (the i.i.d. model's constant rate), the first on the prior."""
+        if self._pooled is None:
+            rates, prior = [], self.prior_acceptance
+            for j in range(max(1, self.k_max)):
+                prior = self.drafter_acceptance.rate(j, prior, self.prior_weight)
+                rates.append(prior)
+            self._pooled = rates
+        return self._pooled
+
     def p_through(self, own: Acceptance, j: int) -> float:
-        """P(drafts 1..j+1 of a sequence with these measurements all accepted) (j counts from 0)."""
-        prior = self.drafter_acceptance.through(j, self.prior_acceptance ** (j + 1), self.prior_weight)
-        return own.through(j, prior, self.prior_weight)
+        """P(drafts 1..j+1 of a sequence with these measurements all accepted) (j counts from 0): the
+        product of its conditional rates, each shrunk towards the drafter's."""
+        pooled = self.pooled_rates()
+        p = 1.0
+        for i in range(j + 1):
+            p *= own.rate(i, pooled[min(i, len(pooled) - 1)], self.prior_weight)
+        return p
 
     def expected_tokens(self, own: Acceptance, k: int) -> float:
         """Tokens a verify step with k drafts is expected to commit: 1 + sum_j P(drafts 1..j accepted)."""

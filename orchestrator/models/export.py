@@ -22,6 +22,8 @@ from tqdm import tqdm
 from orchestrator.errors import CheckpointError, ExportError
 from orchestrator.models.cache import cache_root
 from orchestrator.models.checkpoints import Checkpoint
+from orchestrator.models.export_torch import export_with_torch
+from orchestrator.models.transformer import ModelSpec
 
 PRECISIONS = ("int4", "int8", "fp32")
 BLOCK_SIZES = (16, 32, 64, 128, 256)
@@ -99,8 +101,19 @@ def _check_choice(name: str, value, allowed: tuple) -> None:
         raise ExportError(f"export option {name}={value!r} is not supported; allowed: {shown}")
 
 
+# architectures whose export goes through torch.onnx instead of onnxruntime-genai's builder
+# (its builder raises KeyError: 'rope_type' on Gemma 3 with transformers 5)
+TORCH_ROUTE_FAMILIES = ("gemma3",)
+
+
+def export_route(ckpt: Checkpoint) -> str:
+    """`builder` (onnxruntime-genai's model builder) or `torch` (export_torch: torch.onnx + MatMulNBitsQuantizer)."""
+    return "torch" if ModelSpec.from_config(ckpt.config_dict()).family in TORCH_ROUTE_FAMILIES else "builder"
+
+
 def default_export_dir(ckpt: Checkpoint, options: ExportOptions) -> Path:
-    return cache_root() / "drafters" / f"{ckpt.key[:16]}-{options.tag()}"
+    route = "-torch" if export_route(ckpt) == "torch" else ""
+    return cache_root() / "drafters" / f"{ckpt.key[:16]}-{options.tag()}{route}"
 
 
 def export_drafter(ckpt: Checkpoint, options: ExportOptions, out_dir: Path | None = None,
@@ -114,8 +127,11 @@ def export_drafter(ckpt: Checkpoint, options: ExportOptions, out_dir: Path | Non
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent))
     try:
-        _run_builder(ckpt, options, tmp, progress)
-        find_onnx_model(tmp)  # the builder said it succeeded: check it left a model behind
+        if export_route(ckpt) == "torch":
+            _run_torch_export(ckpt, options, tmp, progress)
+        else:
+            _run_builder(ckpt, options, tmp, progress)
+        find_onnx_model(tmp)  # the exporter said it succeeded: check it left a model behind
         marker = {"checkpoint_key": ckpt.key, "options": asdict(options)}
         (tmp / MARKER).write_text(json.dumps(marker, indent=2))
         if out.exists():
@@ -189,6 +205,17 @@ def _run_builder(ckpt: Checkpoint, options: ExportOptions, out: Path, progress: 
     shutil.rmtree(cache, ignore_errors=True)
     if rc != 0:
         raise _builder_error(ckpt, options, rc, list(tail))
+
+
+def _run_torch_export(ckpt: Checkpoint, options: ExportOptions, out: Path, progress: bool) -> None:
+    if options.algo != "default" or options.execution_provider != "cpu":
+        raise ExportError(f"the torch export route takes the default algorithm on the cpu provider, "
+                          f"not {options.algo} / {options.execution_provider}")
+    with _progress_bar(2, options, progress) as bar:
+        bar.set_postfix_str("torch.onnx.export, then MatMulNBitsQuantizer")
+        export_with_torch(ckpt, out, options.precision, options.block_size, options.int8_lm_head,
+                          options.accuracy_level)
+        bar.update(2)
 
 
 def _progress_bar(total: int, options: ExportOptions, enabled: bool):

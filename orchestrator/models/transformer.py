@@ -142,14 +142,15 @@ class Transformer:
                 layer.update({k: layer[k].to_mkldnn() for k in _MATMULS if k in layer})
 
     @staticmethod
-    def load(hf_dir: Path, device: torch.device, dtype: torch.dtype) -> "Transformer":
+    def load(hf_dir: Path, device: torch.device, dtype: torch.dtype, onednn: bool | None = None) -> "Transformer":
+        """`onednn`: matmul weights in oneDNN's layout (default: where that is faster, fp32 on the CPU)."""
         spec = ModelSpec.from_config(json.loads((hf_dir / "config.json").read_text()))
         weights: dict[str, torch.Tensor] = {}
         for f in sorted(hf_dir.glob("*.safetensors")):
             weights.update(load_file(f))
         weights = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
         try:
-            return Transformer(spec, weights, onednn=onednn_wanted(device, dtype))
+            return Transformer(spec, weights, onednn=onednn_wanted(device, dtype) if onednn is None else onednn)
         except KeyError as e:
             raise CheckpointError(f"{hf_dir}: weight {e} missing from the safetensors files") from e
 

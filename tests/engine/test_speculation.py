@@ -42,14 +42,25 @@ def test_verify_curve_interpolates_between_sizes_and_extrapolates_with_the_prior
     assert curve(9) == pytest.approx(0.150 * (1 + 0.05 * 8) / (1 + 0.05 * 4))
 
 
-def test_acceptance_is_shrunk_towards_the_prior_by_its_weight():
+def test_acceptance_rates_are_conditional_per_position_and_shrunk_towards_the_prior():
     own = Acceptance()
-    own.record(3, 1)  # position 1 accepted, 2 and 3 rejected
+    own.record(3, 1)  # position 1 accepted, 2 rejected, 3 never judged
     own.record(3, 3)
-    # position 1: 2 of 2 accepted; position 3: 1 of 2
-    assert own.through(0, prior=0.5, weight=2) == pytest.approx((2 + 1) / (2 + 2))
-    assert own.through(2, prior=0.5, weight=2) == pytest.approx((1 + 1) / (2 + 2))
-    assert own.through(5, prior=0.3, weight=2) == pytest.approx(0.3)  # never drafted: the prior
+    own.record(3, 0)  # position 1 rejected
+    # position 1: 2 of 3 accepted; position 2: 1 of 2 judged; position 3: 1 of 1 judged
+    assert own.rate(0, prior=0.5, weight=2) == pytest.approx((2 + 1) / (3 + 2))
+    assert own.rate(1, prior=0.5, weight=2) == pytest.approx((1 + 1) / (2 + 2))
+    assert own.rate(2, prior=0.5, weight=2) == pytest.approx((1 + 1) / (1 + 2))
+    assert own.rate(5, prior=0.3, weight=2) == pytest.approx(0.3)  # never drafted: the prior
+
+
+def test_unmeasured_positions_continue_at_the_last_measured_rate():
+    m = CostModel(8, prior_weight=2.0)
+    for _ in range(500):
+        m.record_verify(Acceptance(), 2, 2)  # the drafter is always right, but only 2 deep was tried
+    rates = m.pooled_rates()
+    assert rates[0] > 0.99 and rates[1] > 0.99 and rates[5] > 0.99  # not the 0.6 prior
+    assert m.p_through(Acceptance(), 5) > 0.95
 
 
 # (verify seconds by tokens in the forward, draft seconds per token, expected k) for one decoding
