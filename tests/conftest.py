@@ -90,3 +90,28 @@ def tiny_checkpoint(tmp_path, family: str = "llama", **overrides):
             p.add_(torch.randn_like(p) * 0.05)
     model.save_pretrained(tmp_path)
     return Checkpoint(hf_dir=tmp_path, source=tmp_path, key=family), model
+
+
+def draft_rounds(drafter, prompts: list[list[int]], batched: bool, k: int = 4, rounds: int = 4) -> list[list[int]]:
+    """Drafts over a few verify rounds in which each sequence accepts part of its drafts and some
+    sequences sit a round out (so the next round catches them up by several tokens): asked as one
+    `propose_batch` per round, or one `propose` per sequence. -> every proposal's draft ids."""
+    from orchestrator.engine import DraftRequest
+
+    for i, prompt in enumerate(prompts):
+        drafter.start(100 + i, prompt)
+    drafts = []
+    for r in range(rounds):
+        requests = [DraftRequest(100 + i, k) for i in range(len(prompts)) if (i + r) % 3 != 2]
+        if batched:
+            proposals = drafter.propose_batch(requests)
+        else:
+            proposals = {q.seq_id: drafter.propose(q.seq_id, q.k) for q in requests}
+        for q in requests:
+            ids = proposals[q.seq_id].draft_ids
+            drafts.append(ids)
+            n = (q.seq_id + r) % (len(ids) + 1)  # accepted, then a recovered token (or the bonus)
+            drafter.extend(q.seq_id, ids[:n] + [ids[n] + 1 if n < len(ids) else 13])
+    for i in range(len(prompts)):
+        drafter.finish(100 + i)
+    return drafts

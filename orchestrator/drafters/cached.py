@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from orchestrator.engine import Drafter, DraftProposal
+from orchestrator.engine import Drafter, DraftProposal, DraftRequest
 from orchestrator.engine.sampling import logits_to_probs, sample
 from orchestrator.errors import InvalidRequestError
 
@@ -60,35 +60,40 @@ class CachedDrafter(Drafter):
     def propose(self, seq_id: int, k: int, temperature: float = 0.0, top_k: int = 0,
                 top_p: float = 1.0, generator: torch.Generator | None = None,
                 min_confidence: float = 0.0) -> DraftProposal:
-        seq = self._seq(seq_id)
-        if not seq.committed_ids:
-            raise InvalidRequestError(f"sequence {seq_id} has no committed tokens to draft from")
-        k = max(0, min(k, self.max_length - len(seq.committed_ids)))
-        if k == 0:
-            return DraftProposal(draft_ids=[])
-        self._sync_cache(seq_id, seq)
-        self._opened(seq_id, seq)
-        logits = self._advance(seq_id, seq, seq.committed_ids[len(seq.cached_ids):])  # [vocab]
-        draft_ids, draft_probs, confidence = [], [], []
-        for i in range(k):
-            if temperature > 0:
-                probs = logits_to_probs(logits, temperature, top_k, top_p)  # [vocab]
-                token = int(sample(probs, generator))
-                p = float(probs[token])
-            else:
-                token = int(torch.argmax(logits))
-                # softmax at the argmax: 1 / sum(exp(logits - max))
-                p = float(1.0 / torch.exp(logits - logits[token]).sum())
-            if p < min_confidence:  # the drafter doubts this one: stop here (early stop)
-                break
-            draft_ids.append(token)
-            confidence.append(p)
-            if temperature > 0:
-                draft_probs.append(probs)
-            if i < k - 1:  # the last draft's K/V is only needed if it is accepted
-                logits = self._advance(seq_id, seq, draft_ids[-1:])
-        probs = torch.stack(draft_probs) if draft_probs else None  # [num_draft, vocab]
-        return DraftProposal(draft_ids=draft_ids, draft_probs=probs, confidence=confidence)
+        request = DraftRequest(seq_id, k, temperature, top_k, top_p, generator, min_confidence)
+        return self.propose_batch([request])[seq_id]
+
+    def propose_batch(self, requests: list[DraftRequest]) -> dict[int, DraftProposal]:
+        """Drafts for every request, position by position: each model call runs all the sequences
+        still drafting (`_run_batch`), their catch-up tokens first."""
+        if len({r.seq_id for r in requests}) != len(requests):
+            raise InvalidRequestError("a sequence appears twice in one batched propose")
+        drafting = []
+        for r in requests:
+            seq = self._seq(r.seq_id)
+            if not seq.committed_ids:
+                raise InvalidRequestError(f"sequence {r.seq_id} has no committed tokens to draft from")
+            k = max(0, min(r.k, self.max_length - len(seq.committed_ids)))
+            if k > 0:
+                self._sync_cache(r.seq_id, seq)
+                drafting.append(_Drafting(r, self._opened(r.seq_id, seq), k))
+        feeds = [(d, d.seq.committed_ids[len(d.seq.cached_ids):]) for d in drafting]
+        while feeds:
+            items = [(d.request.seq_id, d.seq, new_ids) for d, new_ids in feeds]
+            logits = self._run_batch(items)  # one [vocab] per item
+            for (d, new_ids), row in zip(feeds, logits):
+                d.seq.cached_ids.extend(new_ids)
+                d.take(row)
+            # the last draft's K/V is only needed if it is accepted: it is not run
+            feeds = [(d, d.ids[-1:]) for d, _ in feeds if not d.done]
+        proposals = {r.seq_id: DraftProposal(draft_ids=[]) for r in requests}
+        proposals.update((d.request.seq_id, d.proposal()) for d in drafting)
+        return proposals
+
+    def _run_batch(self, items: list[tuple[int, CachedSequence, list[int]]]) -> list[torch.Tensor]:
+        """Run each item's new tokens on its cache; float32 logits at each item's last token.
+        Backends that can run several sequences in one call override this."""
+        return [self._run(seq_id, seq, new_ids) for seq_id, seq, new_ids in items]
 
     def extend(self, seq_id: int, token_ids: list[int]) -> None:
         seq = self._seq(seq_id)
@@ -139,7 +144,36 @@ class CachedDrafter(Drafter):
             del seq.cached_ids[keep:]
             self._truncate(seq_id, seq, keep)
 
-    def _advance(self, seq_id: int, seq: CachedSequence, new_ids: list[int]) -> torch.Tensor:
-        logits = self._run(seq_id, seq, new_ids)
-        seq.cached_ids.extend(new_ids)
-        return logits
+
+class _Drafting:
+    """One sequence's drafts as they are picked, position by position."""
+
+    def __init__(self, request: DraftRequest, seq: CachedSequence, k: int):
+        self.request, self.seq, self.k = request, seq, k
+        self.ids: list[int] = []
+        self.probs: list[torch.Tensor] = []
+        self.confidence: list[float] = []
+        self.done = False
+
+    def take(self, logits: torch.Tensor) -> None:
+        """Pick the next draft from the logits after the last token run; stop at k or at a doubt."""
+        r = self.request
+        if r.temperature > 0:
+            probs = logits_to_probs(logits, r.temperature, r.top_k, r.top_p)  # [vocab]
+            token = int(sample(probs, r.generator))
+            p = float(probs[token])
+        else:
+            token = int(torch.argmax(logits))
+            p = float(1.0 / torch.exp(logits - logits[token]).sum())  # softmax at the argmax
+        if p < r.min_confidence:  # the drafter doubts this one: stop here (early stop)
+            self.done = True
+            return
+        self.ids.append(token)
+        self.confidence.append(p)
+        if r.temperature > 0:
+            self.probs.append(probs)
+        self.done = len(self.ids) == self.k
+
+    def proposal(self) -> DraftProposal:
+        probs = torch.stack(self.probs) if self.probs else None  # [num_draft, vocab]
+        return DraftProposal(draft_ids=self.ids, draft_probs=probs, confidence=self.confidence)

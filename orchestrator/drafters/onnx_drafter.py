@@ -21,6 +21,7 @@ import torch
 
 from devices import ort_placement
 from orchestrator.drafters.cached import CachedDrafter, CachedSequence
+from orchestrator.drafters.onnx_slots import SlotPool
 from orchestrator.errors import CheckpointError, HetspecError, InvalidRequestError
 from orchestrator.models import find_onnx_model
 
@@ -31,7 +32,9 @@ _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
 
 
 class OnnxDrafter(CachedDrafter):
-    """Runs the ONNX decoder on one device's ONNX Runtime execution provider, batch 1 per call.
+    """Runs the ONNX decoder on one device's ONNX Runtime execution provider. With shared-buffer
+    K/V on the host (the builder's GQA models on the CPU provider) one run drafts a position for
+    every sequence drafting (`onnx_slots.SlotPool`); otherwise one run per sequence.
 
     `device` (cpu, cuda:N, npu:N) picks the provider, its options and where the KV buffers
     live; `providers` overrides the provider list (the KV buffers still follow `device`).
@@ -51,17 +54,45 @@ class OnnxDrafter(CachedDrafter):
         self.session = _open_session(self.model_path, session_providers, options, num_threads)
         self._bind_io(_read_genai_config(self.model_path.parent))
         self._kv_device = (placement.memory, placement.device_id)  # OrtValue device type and id
+        batched = self._share_buffer and placement.memory == "cpu" and self._attention_mask is not None
+        self._slots = SlotPool(self) if batched else None
         super().__init__()
 
     # --- the cache, for CachedDrafter ------------------------------------------------------
 
-    def _open(self, seq_id: int, prompt_ids: list[int]) -> "_SharedKV | _ConcatKV":
+    def _open(self, seq_id: int, prompt_ids: list[int]) -> "int | _SharedKV | _ConcatKV":
+        if self._slots is not None:
+            return self._slots.acquire(len(prompt_ids))  # the sequence's slot
         return _SharedKV(self, len(prompt_ids)) if self._share_buffer else _ConcatKV(self)
 
     def _truncate(self, seq_id: int, seq: CachedSequence, length: int) -> None:
-        seq.cache.truncate(length)
+        if self._slots is not None:
+            self._slots.truncate(seq.cache, length)
+        else:
+            seq.cache.truncate(length)
+
+    def _close(self, seq_id: int, seq: CachedSequence) -> None:
+        if self._slots is not None and seq.cache is not None:
+            self._slots.release(seq.cache)
+
+    def _run_batch(self, items: list[tuple[int, CachedSequence, list[int]]]) -> list[torch.Tensor]:
+        if self._slots is None:
+            return super()._run_batch(items)
+        # catch-ups (several tokens) one by one, then every one-token row in one run
+        out: list[torch.Tensor | None] = [None] * len(items)
+        single = [i for i, (_, _, new_ids) in enumerate(items) if len(new_ids) == 1]
+        for i, (_, seq, new_ids) in enumerate(items):
+            if len(new_ids) > 1:
+                out[i] = torch.from_numpy(self._slots.run([(seq.cache, new_ids)])[0])
+        if single:
+            logits = self._slots.run([(items[i][1].cache, items[i][2]) for i in single])
+            for row, i in enumerate(single):
+                out[i] = torch.from_numpy(logits[row])
+        return out
 
     def _run(self, seq_id: int, seq: CachedSequence, new_ids: list[int]) -> torch.Tensor:
+        if self._slots is not None:
+            return self._run_batch([(seq_id, seq, new_ids)])[0]
         past_len = len(seq.cached_ids)
         feed = {self._input_ids: np.asarray([new_ids], dtype=self._ids_dtype)}  # [1, num_new]
         if self._attention_mask:
@@ -83,11 +114,28 @@ class OnnxDrafter(CachedDrafter):
                                       f"with at most {len(prompt_ids)} tokens")
         self.start(seq_id, prompt_ids)
         seq = self._opened(seq_id, self._seqs[seq_id])
-        seq.cache.write_prefix(kv.to(torch.float32).numpy().astype(self._kv_dtype, copy=False))
+        kv = kv.to(torch.float32).numpy().astype(self._kv_dtype, copy=False)
+        if self._slots is not None:
+            self._slots.write_prefix(seq.cache, kv)
+        else:
+            seq.cache.write_prefix(kv)
         seq.cached_ids = list(prompt_ids[:kv.shape[3]])
 
+    def host_kv(self, seq_id: int) -> list[np.ndarray]:
+        """The sequence's cached K/V where it is on the host, one [kv_heads, capacity, head_dim]
+        array per past input (layer 0 key, layer 0 value, ...); valid up to `cached_length`."""
+        cache = self._seq(seq_id).cache
+        if self._slots is not None and cache is not None:
+            return [array[cache] for array in self._slots.arrays]
+        if isinstance(cache, _SharedKV) and cache.host is not None:
+            return [array[0] for array in cache.host]
+        if isinstance(cache, _ConcatKV):
+            return [array[0] for array in cache.past]
+        raise HetspecError(f"sequence {seq_id} has no K/V on the host")
+
     def close(self) -> None:
-        self._seqs.clear()
+        for seq_id in list(self._seqs):
+            self.finish(seq_id)
         self.session = None
 
     def _bind_io(self, genai: dict) -> None:

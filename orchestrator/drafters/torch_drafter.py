@@ -11,7 +11,8 @@ from orchestrator.models import Checkpoint, TargetRunner
 
 
 class TorchDrafter(CachedDrafter):
-    """Greedy or sampled drafts from a torch model; one forward per draft token, batch 1."""
+    """Greedy or sampled drafts from a torch model; one forward per draft position for all the
+    sequences drafting (the runner batches sequences of any lengths)."""
 
     name = "torch"
 
@@ -27,8 +28,11 @@ class TorchDrafter(CachedDrafter):
         return None  # the runner's pool opens the sequence on its first forward
 
     def _run(self, seq_id: int, seq: CachedSequence, new_ids: list[int]) -> torch.Tensor:
-        (out,) = self.runner.forward([(seq_id, new_ids, 1)])
-        return out.logits[0].float()
+        return self._run_batch([(seq_id, seq, new_ids)])[0]
+
+    def _run_batch(self, items: list[tuple[int, CachedSequence, list[int]]]) -> list[torch.Tensor]:
+        outs = self.runner.forward([(seq_id, new_ids, 1) for seq_id, _, new_ids in items])
+        return [out.logits[0].float() for out in outs]
 
     def _truncate(self, seq_id: int, seq: CachedSequence, length: int) -> None:
         self.runner.rollback(seq_id, length)

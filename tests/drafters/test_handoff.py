@@ -82,8 +82,8 @@ def test_drafter_started_from_kv_holds_exactly_the_targets_kv(target, drafter, s
     host = export_kv(target, seq_id, StagingPool(target.device))
     want = codec.pool_to_seq(codec.decode(host.encoded.descriptor, host.encoded.payload), len(ids))  # [L, 2, H, T, D]
     host.release()
-    kv = drafter._seqs[seq_id].cache  # [2 * layers] buffers [1, H, capacity, D], layer-major, key first
-    got = torch.stack([torch.from_numpy(kv.host[i][0, :, :len(ids)]) for i in range(len(kv.host))])
+    # [2 * layers] arrays [H, capacity, D], layer-major, key first
+    got = torch.stack([torch.from_numpy(a[:, :len(ids)]) for a in drafter.host_kv(seq_id)])
     assert torch.equal(got.view(want.shape[0], 2, *got.shape[1:]), want)
     assert drafter.cached_length(seq_id) == len(ids)
     handoff.finish(seq_id)
@@ -95,9 +95,8 @@ def test_kv_seq_block_from_another_drafter_state_reproduces_its_drafts(drafter, 
     ids = smollm2_tokenizer(PROMPTS[3]).input_ids
     drafter.start(1, ids)
     first = drafter.propose(1, 4).draft_ids
-    kv = drafter._seqs[1].cache
     T = len(ids) - 1  # the last prompt token is run by propose, its K/V is past the handoff
-    own = torch.stack([torch.from_numpy(kv.host[i][0, :, :T]) for i in range(len(kv.host))])
+    own = torch.stack([torch.from_numpy(a[:, :T]) for a in drafter.host_kv(1)])
     own = own.view(drafter.num_layers, 2, *own.shape[1:])  # [L, 2, H, T, D]
     enc = codec.encode(own.half(), kind=pb.TENSOR_KIND_KV, layout=pb.LAYOUT_KV_SEQ,
                        layers=(0, drafter.num_layers), heads=(0, drafter.num_kv_heads), tokens=(0, T))

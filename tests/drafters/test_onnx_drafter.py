@@ -10,6 +10,8 @@ from orchestrator.drafters.onnx_drafter import OnnxDrafter
 from orchestrator.errors import CheckpointError, ExportError, HetspecError, InvalidRequestError
 from orchestrator.models import MARKER, ExportOptions, export_drafter, find_onnx_model, resolve
 
+from conftest import draft_rounds
+
 PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"
 AGREEMENT_PROMPT = "Write a short story about a cat who learns to play the piano."
 NUM_AGREEMENT_POSITIONS = 32
@@ -237,7 +239,8 @@ def test_cache_growth_and_concat_path_match_fresh(exact, prompt_ids):
     committed = exact.committed_ids(0)
     assert exact.propose(0, 4).draft_ids == _fresh_drafts(exact, committed, 4)
     exact.finish(0)
-    exact._share_buffer = False
+    exact._share_buffer, slots = False, exact._slots
+    exact._slots = None
     try:
         exact.start(0, prompt_ids)
         draft_ids = exact.propose(0, 4).draft_ids
@@ -246,8 +249,44 @@ def test_cache_growth_and_concat_path_match_fresh(exact, prompt_ids):
         committed = exact.committed_ids(0)
         exact.finish(0)
     finally:
-        exact._share_buffer = True
+        exact._share_buffer, exact._slots = True, slots
     assert concat == _fresh_drafts(exact, committed, 4)
+
+
+# --- batched drafting ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("export", ["exact", "int4_dir"])
+def test_batched_drafts_equal_one_by_one(export, request, tokenizer):
+    """One ONNX Runtime run per draft position for all sequences (rows of different lengths,
+    catch-ups mixed in) drafts what one run per sequence drafts, token for token, with fp32
+    activations and with the default int8 ones."""
+    drafter = request.getfixturevalue(export)
+    if not isinstance(drafter, OnnxDrafter):
+        drafter = OnnxDrafter(drafter, num_threads=2)
+    prompts = [tokenizer(p)["input_ids"] for p in (PROMPT, AGREEMENT_PROMPT, "def add(a, b):", "Hi")]
+    calls = []
+    run = drafter.session.run_with_iobinding
+    drafter.session.run_with_iobinding = lambda binding: calls.append(1) or run(binding)
+    try:
+        batched = draft_rounds(drafter, prompts, batched=True)
+        num_batched_calls = len(calls)
+        one_by_one = draft_rounds(drafter, prompts, batched=False)
+    finally:
+        del drafter.session.run_with_iobinding
+    assert batched == one_by_one
+    assert num_batched_calls < len(calls) - num_batched_calls  # the batched rounds shared runs
+    assert drafter._slots.arrays == [] and not any(drafter._slots.used)  # every slot given back
+
+
+def test_the_shared_buffer_path_without_slots_drafts_the_same(exact, tokenizer):
+    """Device KV (CUDA, CANN) keeps one shared buffer per sequence; run here with host buffers."""
+    prompts = [tokenizer(p)["input_ids"] for p in (PROMPT, "def add(a, b):")]
+    pooled = draft_rounds(exact, prompts, batched=True)
+    slots, exact._slots = exact._slots, None
+    try:
+        assert draft_rounds(exact, prompts, batched=True) == pooled
+    finally:
+        exact._slots = slots
 
 
 def test_the_device_picks_the_execution_provider(int4_dir):

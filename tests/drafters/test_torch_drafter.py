@@ -7,7 +7,7 @@ from orchestrator.assemble import build_engine
 from orchestrator.config import EngineConfig, SamplingParams, TorchDrafterConfig
 from orchestrator.drafters.torch_drafter import TorchDrafter
 
-from conftest import tiny_checkpoint
+from conftest import draft_rounds, tiny_checkpoint
 from prompts import PROMPTS
 
 NUM_TOKENS = 32
@@ -124,3 +124,16 @@ def test_a_drafter_stops_at_its_first_doubtful_token(tmp_path):
     first_low = next(i for i, p in enumerate(full.confidence) if p < min(full.confidence[1:]) + 1e-6)
     assert cut.draft_ids == full.draft_ids[:first_low] and cut.confidence == full.confidence[:first_low]
     assert drafter.propose(0, 4, min_confidence=1.01).draft_ids == []
+
+
+def test_batched_drafts_equal_one_by_one(tmp_path):
+    drafter = _drafter(tmp_path)
+    prompts = [[5, 9, 12, 40, 7, 3], [1, 2], [60, 61, 62, 63, 64, 65, 66, 67, 68], [33]]
+    forwards = []
+    forward = drafter.runner.forward
+    drafter.runner.forward = lambda batch, **kw: forwards.append(len(batch)) or forward(batch, **kw)
+    batched = draft_rounds(drafter, prompts, batched=True)
+    num_batched = len(forwards)
+    assert batched == draft_rounds(drafter, prompts, batched=False)
+    assert max(forwards[:num_batched]) == 3 and num_batched < len(forwards) - num_batched
+    assert drafter.runner.pool.num_free_blocks == drafter.runner.pool.num_blocks
