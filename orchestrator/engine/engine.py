@@ -153,8 +153,8 @@ class Engine:
             drafts.update(self.drafter.propose_batch(requests))
         elapsed = time.perf_counter() - t0
         catch_up = sum(self._drafter_lag(self.sequences[r.seq_id]) - 1 for r in requests)
-        self.policy.cost.record_draft(len(requests), sum(len(drafts[r.seq_id].draft_ids) for r in requests),
-                                      catch_up, elapsed)
+        lengths = [len(drafts[r.seq_id].draft_ids) for r in requests]
+        self.policy.cost.record_draft(len(requests), sum(lengths), catch_up, elapsed, positions=max(lengths))
         for r in requests:
             seq = self.sequences[r.seq_id]
             seq.stats.time_draft_s += elapsed

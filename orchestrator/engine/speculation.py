@@ -4,17 +4,18 @@ The cost model chooses every running sequence's k in {0..k_max} to maximise the 
 committed tokens per second:
 
     E[committed_s(k)] = 1 + sum_{j=1..k} p_s(j)         p_s(j) = P(drafts 1..j all accepted)
-    T(k_1..k_b)       = V(sum_s pending_s + k_s) + D(sequences drafting, sum_s k_s, catch-up tokens)
+    T(k_1..k_b)       = V(sum_s pending_s + k_s) + D(max_s k_s, sequences drafting, sum_s k_s, catch-up tokens)
     choose k to maximise sum_s E[committed_s] / T
 
 p_s(j) is measured per draft position, per sequence, shrunk towards the drafter's pooled estimate
 (a Beta-style prior worth `prior_weight` drafts), which itself starts at `prior_acceptance`.
 V(n) is the target's measured seconds for a forward over n tokens (per size, interpolated; unseen
-sizes follow a linear prior); D the drafter's seconds per call, fitted per sequence, per draft token
-and per catch-up token (`DraftCost`). A catch-up (the committed tokens a sequence's drafter has not
+sizes follow a linear prior); D the drafter's seconds per call, fitted per draft position (a batched drafter's
+run), per sequence, per draft token and per catch-up token (`DraftCost`). A catch-up (the committed tokens a sequence's drafter has not
 run: its prompt at first, the steps it sat out) is paid once and then serves every later draft, so
 the choice spreads it over the steps the sequence still has. Starting from k = 0 everywhere, the
-draft that raises the expected rate most is added while one does. k = 0 wherever speculation does
+move that raises the expected rate most (one draft for one sequence, or one more position for all the
+sequences at the longest draft) is made while one does. k = 0 wherever speculation does
 not pay: the sequence decodes plainly and is re-examined every step (costs and the batch change);
 after a long run without any draft, one cheap probe keeps the acceptance estimate fresh.
 
@@ -23,7 +24,6 @@ and TensorRT-LLM's `draft_len_schedule` (batch size -> k).
 """
 
 import bisect
-import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -116,27 +116,30 @@ class VerifyCurve:
 class DraftCost:
     """Seconds of one drafter call, fitted by decayed least squares over recent calls:
 
-        t = a * sequences + b * draft tokens + c * catch-up tokens
+        t = a * positions + s * sequences + b * draft tokens + c * catch-up tokens
 
-    `a` is the per-sequence overhead, `b` a draft token, `c` a token the drafter runs to catch up
-    (committed while the sequence sat out, or its whole prompt at its first draft). A small ridge
-    keeps the fit defined before every term has varied; before any call, `prior` seconds per draft
-    token stands in.
+    `positions` is the longest draft of the call: a batched drafter runs the model once per draft
+    position for all its sequences, so `a` is one such run, `b` what each row adds to it. `s` is the
+    per-sequence overhead (the whole cost of a run for a drafter that drafts one sequence at a time),
+    `c` a token the drafter runs to catch up (committed while the sequence sat out, or its whole
+    prompt at its first draft). A small ridge keeps the fit defined before every term has varied;
+    before any call, `prior` seconds per draft token stands in.
     """
 
     def __init__(self, decay: float = 0.97, ridge: float = 1e-6):
         self.decay = decay
         self.ridge = ridge
-        self._xx = np.zeros((3, 3))
-        self._xy = np.zeros(3)
+        self._xx = np.zeros((4, 4))
+        self._xy = np.zeros(4)
         self._coef: np.ndarray | None = None
 
-    def record(self, num_seqs: int, num_tokens: int, catch_up: int, seconds: float) -> None:
-        x = np.array([num_seqs, num_tokens, catch_up], dtype=np.float64)
+    def record(self, num_seqs: int, num_tokens: int, catch_up: int, seconds: float,
+               positions: int | None = None) -> None:
+        x = np.array([_positions(num_seqs, num_tokens, positions), num_seqs, num_tokens, catch_up], np.float64)
         self._xx = self.decay * self._xx + np.outer(x, x)
         self._xy = self.decay * self._xy + x * seconds
-        scale = np.trace(self._xx) / 3
-        coef = np.linalg.solve(self._xx + self.ridge * scale * np.eye(3), self._xy)
+        scale = np.trace(self._xx) / 4
+        coef = np.linalg.solve(self._xx + self.ridge * scale * np.eye(4), self._xy)
         self._coef = np.clip(coef, 0.0, None)
 
     @property
@@ -144,13 +147,19 @@ class DraftCost:
         return self._coef is not None
 
     def per_token(self, prior: float) -> float:
-        return float(self._coef[1]) if self._coef is not None else prior
+        return float(self._coef[2]) if self._coef is not None else prior
 
-    def __call__(self, num_seqs: int, num_tokens: int, catch_up: int, prior: float) -> float:
+    def __call__(self, num_seqs: int, num_tokens: int, catch_up: int, prior: float,
+                 positions: int | None = None) -> float:
         if self._coef is None:
             return prior * num_tokens
-        a, b, c = self._coef
-        return float(a * num_seqs + b * num_tokens + c * catch_up)
+        a, s, b, c = self._coef
+        return float(a * _positions(num_seqs, num_tokens, positions) + s * num_seqs + b * num_tokens + c * catch_up)
+
+
+def _positions(num_seqs: int, num_tokens: int, positions: int | None) -> int:
+    """The longest draft of a call; unknown: as if the tokens were spread evenly."""
+    return positions if positions is not None else -(-num_tokens // max(1, num_seqs))
 
 
 @dataclass
@@ -193,10 +202,12 @@ class CostModel:
 
     # ---- measurements ------------------------------------------------------------------------
 
-    def record_draft(self, num_seqs: int, num_tokens: int, catch_up: int, seconds: float) -> None:
-        """One drafter call for `num_seqs` sequences that proposed `num_tokens` tokens in all after
-        running `catch_up` committed tokens it had not seen (beyond one per sequence)."""
-        self.draft.record(num_seqs, num_tokens, catch_up, seconds)
+    def record_draft(self, num_seqs: int, num_tokens: int, catch_up: int, seconds: float,
+                     positions: int | None = None) -> None:
+        """One drafter call for `num_seqs` sequences that proposed `num_tokens` tokens in all (the
+        longest `positions` long) after running `catch_up` committed tokens it had not seen (beyond
+        one per sequence)."""
+        self.draft.record(num_seqs, num_tokens, catch_up, seconds, positions)
 
     def record_forward(self, num_tokens: int, seconds: float) -> None:
         self.verify.record(num_tokens, seconds)
@@ -260,49 +271,61 @@ class CostModel:
         """Tokens a verify step with k drafts is expected to commit: 1 + sum_j P(drafts 1..j accepted)."""
         return 1.0 + sum(self.p_through(own, j) for j in range(k))
 
-    def step_seconds(self, num_tokens: int, num_drafting: int, num_drafted: int, catch_up: int) -> float:
+    def step_seconds(self, num_tokens: int, num_drafting: int, num_drafted: int, catch_up: int,
+                     positions: int | None = None) -> float:
         """A step's expected seconds: the target's forward over `num_tokens`, and drafting `num_drafted`
-        tokens for `num_drafting` sequences after `catch_up` tokens (before measurements: a draft token
-        costs 10% of a one-token forward)."""
-        draft = self.draft(num_drafting, num_drafted, catch_up, 0.1 * self.verify(1)) if num_drafted else 0.0
-        return self.verify(num_tokens) + draft
+        tokens for `num_drafting` sequences, the longest draft `positions` long, after `catch_up`
+        tokens (before measurements: a draft token costs 10% of a one-token forward)."""
+        if not num_drafted:
+            return self.verify(num_tokens)
+        return self.verify(num_tokens) + self.draft(num_drafting, num_drafted, catch_up, 0.1 * self.verify(1), positions)
 
     def plan(self, candidates: list[Candidate]) -> Plan:
-        """Greedy marginal allocation: while the step's expected tokens per second go up, add the draft
-        that raises them most. A sequence's first draft of the step also pays the drafter's cost per
-        sequence and its catch-up, so every starter is weighed on its own against the best continuer."""
+        """Greedy allocation: while the step's expected tokens per second go up, make the move that
+        raises them most. A move is one more draft for one sequence, or one more draft position for
+        every sequence at the longest draft so far (a batched drafter pays a run per position, which
+        one sequence alone may not repay and several together may). A sequence's first draft of the
+        step also pays the drafter's cost per sequence and its catch-up, so starters are weighed one
+        by one."""
         ks = {c.seq_id: 0 for c in candidates}
         tokens = float(len(candidates))  # every sequence commits at least one token
-        n, drafting, drafted, catch_up = sum(c.pending for c in candidates), 0, 0, 0
+        n, drafting, drafted, catch_up, level = sum(c.pending for c in candidates), 0, 0, 0.0, 0
         best = tokens / self.step_seconds(n, 0, 0, 0) if candidates else 0.0
-        starters = [c for c in candidates if c.k_cap > 0]
-        continuers: list[tuple[float, int]] = []  # (-P(next draft accepted), index)
-        index = {c.seq_id: i for i, c in enumerate(candidates)}
-        while starters or continuers:
-            choice = None  # (ratio, candidate, p, starts)
-            for c in starters:
-                p = self.p_through(c.acceptance, 0)
-                ratio = (tokens + p) / self.step_seconds(n + 1, drafting + 1, drafted + 1,
-                                                         catch_up + self._amortised(c))
-                if choice is None or ratio > choice[0]:
-                    choice = (ratio, c, p, True)
-            if continuers:
-                p = -continuers[0][0]
-                ratio = (tokens + p) / self.step_seconds(n + 1, drafting, drafted + 1, catch_up)
-                if choice is None or ratio > choice[0]:
-                    choice = (ratio, candidates[continuers[0][1]], p, False)
-            ratio, c, p, starts = choice
+        open_ = [c for c in candidates if c.k_cap > 0]
+        amortised = {c.seq_id: self._amortised(c) for c in open_}
+        next_p = {c.seq_id: self.p_through(c.acceptance, 0) for c in open_}
+        while open_:
+            moves = []  # (ratio, members, gain)
+            continuers = {}  # opens a new position (True) or not -> the likeliest next draft
+            for c in open_:
+                k = ks[c.seq_id]
+                if k == 0:
+                    t = self.step_seconds(n + 1, drafting + 1, drafted + 1, catch_up + amortised[c.seq_id],
+                                          max(level, 1))
+                    moves.append(((tokens + next_p[c.seq_id]) / t, [c], next_p[c.seq_id]))
+                elif (k == level) not in continuers or next_p[c.seq_id] > next_p[continuers[k == level].seq_id]:
+                    continuers[k == level] = c
+            for opens, c in continuers.items():
+                t = self.step_seconds(n + 1, drafting, drafted + 1, catch_up, level + opens)
+                moves.append(((tokens + next_p[c.seq_id]) / t, [c], next_p[c.seq_id]))
+            members = [c for c in open_ if ks[c.seq_id] == level]
+            if len(members) > 1:
+                starters = [c for c in members if ks[c.seq_id] == 0]
+                gain = sum(next_p[c.seq_id] for c in members)
+                t = self.step_seconds(n + len(members), drafting + len(starters), drafted + len(members),
+                                      catch_up + sum(amortised[c.seq_id] for c in starters), level + 1)
+                moves.append(((tokens + gain) / t, members, gain))
+            ratio, members, gain = max(moves, key=lambda m: m[0])
             if ratio <= best:
-                break  # no draft left raises the expected rate
-            if starts:
-                starters.remove(c)
-                drafting, catch_up = drafting + 1, catch_up + self._amortised(c)
-            else:
-                heapq.heappop(continuers)
-            best, tokens, n, drafted = ratio, tokens + p, n + 1, drafted + 1
-            ks[c.seq_id] += 1
-            if ks[c.seq_id] < c.k_cap:
-                heapq.heappush(continuers, (-self.p_through(c.acceptance, ks[c.seq_id]), index[c.seq_id]))
+                break  # no move left raises the expected rate
+            best, tokens, n, drafted = ratio, tokens + gain, n + len(members), drafted + len(members)
+            for c in members:
+                if ks[c.seq_id] == 0:
+                    drafting, catch_up = drafting + 1, catch_up + amortised[c.seq_id]
+                ks[c.seq_id] += 1
+                level = max(level, ks[c.seq_id])
+                next_p[c.seq_id] = self.p_through(c.acceptance, ks[c.seq_id])
+            open_ = [c for c in open_ if ks[c.seq_id] < c.k_cap]
         catch_up = sum(c.lag - 1 for c in candidates if ks[c.seq_id])  # the step itself pays it all
         self._steps_since_draft = 0 if drafted else self._steps_since_draft + 1
         probe = [c for c in candidates if c.k_cap > 0]
@@ -312,9 +335,9 @@ class CostModel:
             c = min(probe, key=lambda c: c.lag)
             ks[c.seq_id] = 1
             tokens += self.p_through(c.acceptance, 0)
-            n, drafting, drafted, catch_up = n + 1, 1, 1, c.lag - 1
+            n, drafting, drafted, catch_up, level = n + 1, 1, 1, c.lag - 1, 1
             self._steps_since_draft = 0
-        expected_s = self.step_seconds(n, drafting, drafted, catch_up) if self.verify.measured else 0.0
+        expected_s = self.step_seconds(n, drafting, drafted, catch_up, level) if self.verify.measured else 0.0
         return Plan(ks, tokens, expected_s, n)
 
     def _amortised(self, c: Candidate) -> float:
@@ -330,7 +353,8 @@ class CostModel:
         drafting = [c for c in candidates if ks.get(c.seq_id)]
         catch_up = sum(c.lag - 1 for c in drafting)
         n = sum(c.pending for c in candidates) + drafted
-        expected_s = self.step_seconds(n, len(drafting), drafted, catch_up) if self.verify.measured else 0.0
+        positions = max(ks.values(), default=0)
+        expected_s = self.step_seconds(n, len(drafting), drafted, catch_up, positions) if self.verify.measured else 0.0
         return Plan(ks, tokens, expected_s, n)
 
 

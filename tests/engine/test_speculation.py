@@ -176,3 +176,18 @@ def test_break_even_is_the_marginal_draft_time_times_the_expected_rate():
     plan = m.plan([decoding(0)])
     rate = plan.expected_tokens / plan.expected_s
     assert m.break_even(plan) == pytest.approx((0.2 + 0.1) * rate, rel=1e-3)
+
+
+def test_a_batched_drafters_run_per_position_is_shared_by_the_batch():
+    """A drafter that pays 0.3 s per draft position whatever the rows (batched), a flat verify of 1 s.
+    In a batch of 4 one sequence's draft alone does not pay (4.6 / 1.3 = 3.54 < 4 tokens/s), a first
+    position for all four does (6.4 / 1.3 = 4.92), a second does not (7.84 / 1.6 = 4.90)."""
+    m = model(linear(1.0, 0.0))
+    for positions, seqs, tokens, catch_up in ((1, 1, 1, 0), (2, 4, 8, 0), (4, 2, 5, 10), (3, 3, 9, 0), (1, 4, 4, 0)):
+        m.record_draft(seqs, tokens, catch_up, 0.3 * positions, positions=positions)
+    assert m.draft(4, 4, 0, prior=1.0, positions=1) == pytest.approx(0.3, abs=1e-3)
+    plan = m.plan([decoding(i) for i in range(4)])
+    assert plan.ks == {0: 1, 1: 1, 2: 1, 3: 1}
+    assert plan.expected_tokens == pytest.approx(4 * 1.6) and plan.expected_s == pytest.approx(1.3, rel=1e-3)
+    # alone, one position pays for itself: 1.6 / 1.3 = 1.23 > 1; a second: 1.96 / 1.6 = 1.225 does not
+    assert m.plan([decoding(0)]).ks == {0: 1}
