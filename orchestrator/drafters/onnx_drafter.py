@@ -21,7 +21,7 @@ import torch
 
 from devices import ort_placement
 from orchestrator.drafters.cached import CachedDrafter, CachedSequence
-from orchestrator.drafters.onnx_slots import SlotPool
+from orchestrator.drafters.onnx_slots import Slot, SlotPool
 from orchestrator.errors import CheckpointError, HetspecError, InvalidRequestError
 from orchestrator.models import find_onnx_model
 
@@ -60,20 +60,17 @@ class OnnxDrafter(CachedDrafter):
 
     # --- the cache, for CachedDrafter ------------------------------------------------------
 
-    def _open(self, seq_id: int, prompt_ids: list[int]) -> "int | _SharedKV | _ConcatKV":
+    def _open(self, seq_id: int, prompt_ids: list[int]) -> "Slot | _SharedKV | _ConcatKV":
         if self._slots is not None:
-            return self._slots.acquire(len(prompt_ids))  # the sequence's slot
+            return self._slots.acquire(len(prompt_ids))
         return _SharedKV(self, len(prompt_ids)) if self._share_buffer else _ConcatKV(self)
 
     def _truncate(self, seq_id: int, seq: CachedSequence, length: int) -> None:
-        if self._slots is not None:
-            self._slots.truncate(seq.cache, length)
-        else:
-            seq.cache.truncate(length)
+        seq.cache.truncate(length)
 
     def _close(self, seq_id: int, seq: CachedSequence) -> None:
-        if self._slots is not None and seq.cache is not None:
-            self._slots.release(seq.cache)
+        if isinstance(seq.cache, Slot):
+            seq.cache.release()
 
     def _run_batch(self, items: list[tuple[int, CachedSequence, list[int]]]) -> list[torch.Tensor]:
         if self._slots is None:
@@ -83,9 +80,9 @@ class OnnxDrafter(CachedDrafter):
         single = [i for i, (_, _, new_ids) in enumerate(items) if len(new_ids) == 1]
         for i, (_, seq, new_ids) in enumerate(items):
             if len(new_ids) > 1:
-                out[i] = torch.from_numpy(self._slots.run([(seq.cache, new_ids)])[0])
+                out[i] = torch.from_numpy(self._slots.run([(seq.cache.index, new_ids)])[0])
         if single:
-            logits = self._slots.run([(items[i][1].cache, items[i][2]) for i in single])
+            logits = self._slots.run([(items[i][1].cache.index, items[i][2]) for i in single])
             for row, i in enumerate(single):
                 out[i] = torch.from_numpy(logits[row])
         return out
@@ -114,19 +111,15 @@ class OnnxDrafter(CachedDrafter):
                                       f"with at most {len(prompt_ids)} tokens")
         self.start(seq_id, prompt_ids)
         seq = self._opened(seq_id, self._seqs[seq_id])
-        kv = kv.to(torch.float32).numpy().astype(self._kv_dtype, copy=False)
-        if self._slots is not None:
-            self._slots.write_prefix(seq.cache, kv)
-        else:
-            seq.cache.write_prefix(kv)
+        seq.cache.write_prefix(kv.to(torch.float32).numpy().astype(self._kv_dtype, copy=False))
         seq.cached_ids = list(prompt_ids[:kv.shape[3]])
 
     def host_kv(self, seq_id: int) -> list[np.ndarray]:
         """The sequence's cached K/V where it is on the host, one [kv_heads, capacity, head_dim]
         array per past input (layer 0 key, layer 0 value, ...); valid up to `cached_length`."""
         cache = self._seq(seq_id).cache
-        if self._slots is not None and cache is not None:
-            return [array[cache] for array in self._slots.arrays]
+        if isinstance(cache, Slot):
+            return cache.host_kv()
         if isinstance(cache, _SharedKV) and cache.host is not None:
             return [array[0] for array in cache.host]
         if isinstance(cache, _ConcatKV):

@@ -26,12 +26,12 @@ class SlotPool:
         self.used: list[bool] = []
         self.capacity = 0
 
-    def acquire(self, num_tokens: int) -> int:
+    def acquire(self, num_tokens: int) -> "Slot":
         """The lowest free slot (runs stay over short slot ranges), with room for `num_tokens`."""
         slot = next((i for i, used in enumerate(self.used) if not used), len(self.used))
         self._ensure(slot + 1, num_tokens + 64)
         self.used[slot], self.lengths[slot] = True, 0
-        return slot
+        return Slot(self, slot)
 
     def release(self, slot: int) -> None:
         self.used[slot], self.lengths[slot] = False, 0
@@ -104,3 +104,22 @@ class SlotPool:
         self.arrays, self.capacity = arrays, capacity
         self.lengths += [0] * (new_slots - slots)
         self.used += [False] * (new_slots - slots)
+
+
+class Slot:
+    """One sequence's row of the pool: the per-sequence cache handle `OnnxDrafter` keeps."""
+
+    def __init__(self, pool: SlotPool, index: int):
+        self.pool, self.index = pool, index
+
+    def truncate(self, length: int) -> None:
+        self.pool.truncate(self.index, length)
+
+    def write_prefix(self, kv: np.ndarray) -> None:
+        self.pool.write_prefix(self.index, kv)
+
+    def release(self) -> None:
+        self.pool.release(self.index)
+
+    def host_kv(self) -> list[np.ndarray]:
+        return [array[self.index] for array in self.pool.arrays]  # [kv_heads, capacity, head_dim] each
