@@ -41,7 +41,6 @@ class Ema:
     """An exponential moving average that is None until its first sample."""
 
     __slots__ = ("value",)
-
     def __init__(self):
         self.value: float | None = None
 
@@ -118,13 +117,11 @@ class DraftCost:
 
         t = a * positions + s * sequences + b * draft tokens + c * catch-up tokens
 
-    `positions` is the longest draft of the call: a batched drafter runs the model once per draft
-    position for all its sequences, so `a` is one such run, `b` what each row adds to it. `s` is the
-    per-sequence overhead (the whole cost of a run for a drafter that drafts one sequence at a time),
-    `c` a token the drafter runs to catch up (committed while the sequence sat out, or its whole
-    prompt at its first draft). A small ridge keeps the fit defined before every term has varied;
-    before any call, `prior` seconds per draft token stands in.
-    """
+    `positions` is the call's longest draft: a batched drafter runs once per position for all its
+    sequences (`a`), each row adding `b`; `s` is the per-sequence overhead (all of a run's cost for a
+    drafter that drafts one sequence at a time), `c` a token run to catch up (committed while the
+    sequence sat out, or its prompt at its first draft). A small ridge keeps the fit defined before
+    every term has varied; before any call, `prior` seconds per draft token stands in."""
 
     def __init__(self, decay: float = 0.97, ridge: float = 1e-6):
         self.decay = decay
@@ -281,12 +278,10 @@ class CostModel:
         return self.verify(num_tokens) + self.draft(num_drafting, num_drafted, catch_up, 0.1 * self.verify(1), positions)
 
     def plan(self, candidates: list[Candidate]) -> Plan:
-        """Greedy allocation: while the step's expected tokens per second go up, make the move that
-        raises them most. A move is one more draft for one sequence, or one more draft position for
-        every sequence at the longest draft so far (a batched drafter pays a run per position, which
-        one sequence alone may not repay and several together may). A sequence's first draft of the
-        step also pays the drafter's cost per sequence and its catch-up, so starters are weighed one
-        by one."""
+        """Greedy: while the step's expected tokens per second go up, make the move raising them most:
+        one more draft for one sequence, or one more position for every sequence at the longest draft
+        (a batched drafter's run per position may be repaid by several sequences, not by one). A first
+        draft also pays the per-sequence cost and the catch-up, so starters are weighed one by one."""
         ks = {c.seq_id: 0 for c in candidates}
         tokens = float(len(candidates))  # every sequence commits at least one token
         n, drafting, drafted, catch_up, level = sum(c.pending for c in candidates), 0, 0, 0.0, 0
