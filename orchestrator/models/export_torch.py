@@ -71,20 +71,13 @@ class DenseKvDecoder(torch.nn.Module):
             presents += [keys, values]
             h = self._attend(q, keys[0], values[0], attention_mask[0], positions, s.sliding_window[i])
             h = h @ getattr(self, f"l{i}_o")
-            if s.family == "gemma3":
-                x = x + m._rms_norm(h, layer["post_attn_norm"])
-                h = self._mlp(m._rms_norm(x, layer["pre_ffn_norm"]), i)
-                x = x + m._rms_norm(h, layer["post_ffn_norm"])
-            else:
-                x = x + h
-                x = x + self._mlp(m._rms_norm(x, layer["post_attn_norm"]), i)
+            x = m._residual(x, h, layer, lambda y, i=i: self._mlp(y, i))
         logits = m._rms_norm(x, m.final_norm) @ self.lm_head  # [n, vocab]
         return (logits[None].float(), *presents)
 
     def _mlp(self, x, i: int):
         gate, up = (x @ getattr(self, f"l{i}_gate_up")).chunk(2, dim=-1)
-        act = F.gelu(gate, approximate="tanh") if self.model.spec.family == "gemma3" else F.silu(gate)
-        return (act * up) @ getattr(self, f"l{i}_down")
+        return self.model._gated(gate, up) @ getattr(self, f"l{i}_down")
 
     def _attend(self, q, keys, values, attention_mask, positions, window):
         """q: [n, heads, d]; keys, values: [kv_heads, total, d]; causal (and sliding) by position."""

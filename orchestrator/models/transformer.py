@@ -207,8 +207,20 @@ class Transformer:
 
     def _mlp(self, x: torch.Tensor, layer: dict) -> torch.Tensor:
         gate, up = self._linear(x, layer["gate_up"]).chunk(2, dim=-1)
+        return self._linear(self._gated(gate, up), layer["down"])
+
+    def _gated(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         act = F.gelu(gate, approximate="tanh") if self.spec.family == "gemma3" else F.silu(gate)
-        return self._linear(act * up, layer["down"])
+        return act * up
+
+    def _residual(self, x: torch.Tensor, h: torch.Tensor, layer: dict, mlp) -> torch.Tensor:
+        """The residual stream after a layer's attention output `h`, its MLP given as `mlp`: Gemma 3
+        norms both sides of each sublayer, the others norm before."""
+        if self.spec.family == "gemma3":
+            x = x + self._rms_norm(h, layer["post_attn_norm"])
+            return x + self._rms_norm(mlp(self._rms_norm(x, layer["pre_ffn_norm"])), layer["post_ffn_norm"])
+        x = x + h
+        return x + mlp(self._rms_norm(x, layer["post_attn_norm"]))
 
     # ---- attention -------------------------------------------------------------------
 
@@ -264,7 +276,6 @@ class Transformer:
         if self.embed_scale != 1.0:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         ropes = {theta: self._rope(theta, positions, x.dtype) for theta in set(self.spec.rope_theta)}
-        gemma = self.spec.family == "gemma3"
         # slot index and masks depend only on the segments: build them once, not per layer
         new_slots = torch.cat([seg.new_slots for seg in segments])  # [T]
         windows = set(self.spec.sliding_window)
@@ -273,13 +284,7 @@ class Transformer:
             rope = ropes[self.spec.rope_theta[li]]
             h = self._rms_norm(x, layer["attn_norm"])
             h = self._attention(h, rope, layer, li, pool, segments, new_slots, masks)
-            if gemma:
-                x = x + self._rms_norm(h, layer["post_attn_norm"])
-                h = self._mlp(self._rms_norm(x, layer["pre_ffn_norm"]), layer)
-                x = x + self._rms_norm(h, layer["post_ffn_norm"])
-            else:
-                x = x + h
-                x = x + self._mlp(self._rms_norm(x, layer["post_attn_norm"]), layer)
+            x = self._residual(x, h, layer, lambda y, layer=layer: self._mlp(y, layer))
         return self._rms_norm(x, self.final_norm)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
