@@ -56,6 +56,7 @@ class OnnxDrafter(CachedDrafter):
         self._kv_device = (placement.memory, placement.device_id)  # OrtValue device type and id
         batched = self._share_buffer and placement.memory == "cpu" and self._attention_mask is not None
         self._slots = SlotPool(self) if batched else None
+        self.batched = batched
         super().__init__()
 
     # --- the cache, for CachedDrafter ------------------------------------------------------

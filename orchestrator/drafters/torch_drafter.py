@@ -15,6 +15,7 @@ class TorchDrafter(CachedDrafter):
     sequences drafting (the runner batches sequences of any lengths)."""
 
     name = "torch"
+    batched = True
 
     def __init__(self, ckpt: Checkpoint, device: str = "cpu", dtype: torch.dtype = torch.float32,
                  max_kv_tokens: int = 8192, block_size: int = 16):

@@ -61,6 +61,9 @@ class Drafter(ABC):
 
     name: str = "drafter"  # labels its trace track and stats
     device: str = "cpu"  # where it computes (its trace track); host-side drafters say "cpu"
+    # True when one model run drafts a position for every sequence of a step (its cost grows with the
+    # longest draft, not with the number of sequences): the cost model's prior until batches are measured
+    batched: bool = False
 
     @abstractmethod
     def start(self, seq_id: int, prompt_ids: list[int]) -> None: ...

@@ -53,7 +53,8 @@ class Engine:
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.k = num_speculative_tokens if drafter is not None else 0
-        self.policy = KPolicy(k_policy, self.k, disable_by_batch_size, draft_len_schedule)
+        self.policy = KPolicy(k_policy, self.k, disable_by_batch_size, draft_len_schedule,
+                              batched_drafter=drafter is not None and drafter.batched)
         self._expected = Plan({})  # this step's plan, with what the policy expects of it
         self.eos_token_ids = frozenset(eos_token_ids)
         self.preemption = PreemptionPolicy(preemption)

@@ -8,16 +8,15 @@ committed tokens per second:
     choose k to maximise sum_s E[committed_s] / T
 
 p_s(j) is measured per draft position, per sequence, shrunk towards the drafter's pooled estimate
-(a Beta-style prior worth `prior_weight` drafts), which itself starts at `prior_acceptance`.
-V(n) is the target's measured seconds for a forward over n tokens (per size, interpolated; unseen
-sizes follow a linear prior); D the drafter's seconds per call, fitted per draft position (a batched drafter's
-run), per sequence, per draft token and per catch-up token (`DraftCost`). A catch-up (the committed tokens a sequence's drafter has not
-run: its prompt at first, the steps it sat out) is paid once and then serves every later draft, so
-the choice spreads it over the steps the sequence still has. Starting from k = 0 everywhere, the
-move that raises the expected rate most (one draft for one sequence, or one more position for all the
-sequences at the longest draft) is made while one does. k = 0 wherever speculation does
-not pay: the sequence decodes plainly and is re-examined every step (costs and the batch change);
-after a long run without any draft, one cheap probe keeps the acceptance estimate fresh.
+(a Beta-style prior worth `prior_weight` drafts), which itself starts at `prior_acceptance`. V(n) is
+the target's measured seconds for a forward over n tokens (per size, interpolated; unseen sizes follow
+a linear prior); D the drafter's seconds per call (`DraftCost`). A catch-up (committed tokens the
+drafter has not run: the prompt, the steps the sequence sat out) is paid once and serves every later
+draft, so it is spread over the steps the sequence still has. From k = 0 everywhere, the move raising
+the expected rate most (one draft for one sequence, or one more position for all the sequences at the
+longest draft) is made while one does. Where speculation does not pay, k = 0 and the sequence decodes
+plainly, re-examined every step; after a long run without drafts one cheap probe keeps the acceptance
+estimate fresh.
 
 Fixed rules stay as baselines: a constant k, HF's +2/-1 heuristic, vLLM's `disable_by_batch_size`
 and TensorRT-LLM's `draft_len_schedule` (batch size -> k).
@@ -31,7 +30,8 @@ import numpy as np
 PRIOR_ACCEPTANCE = 0.6  # p(1) before anything is measured; p(j) = prior ** j
 PRIOR_WEIGHT = 8.0  # drafts a sequence must see before its own counts outweigh the drafter's
 PRIOR_VERIFY_SLOPE = 0.05  # unmeasured V(n) = V(1) * (1 + slope * (n - 1))
-PROBE_EVERY = 32  # after this many steps without any draft, one sequence drafts one token
+PROBE_EVERY = 32  # after this many steps without any draft, one sequence drafts one token...
+PROBE_BUDGET = 0.02  # ...once its extra cost is within this share of the time since the last draft
 EMA = 0.2  # weight of a new measurement
 CONFIDENCE_BINS = 20  # calibration of the drafter's own probability against acceptance
 CONFIDENCE_MIN_SAMPLES = 30  # a bin with fewer judged drafts does not stop anything
@@ -39,8 +39,8 @@ CONFIDENCE_MIN_SAMPLES = 30  # a bin with fewer judged drafts does not stop anyt
 
 class Ema:
     """An exponential moving average that is None until its first sample."""
-
     __slots__ = ("value",)
+
     def __init__(self):
         self.value: float | None = None
 
@@ -115,28 +115,32 @@ class VerifyCurve:
 class DraftCost:
     """Seconds of one drafter call, fitted by decayed least squares over recent calls:
 
-        t = a * positions + s * sequences + b * draft tokens + c * catch-up tokens
+        t = o + a * positions + s * sequences + b * draft tokens + c * catch-up tokens
 
     `positions` is the call's longest draft: a batched drafter runs once per position for all its
-    sequences (`a`), each row adding `b`; `s` is the per-sequence overhead (all of a run's cost for a
-    drafter that drafts one sequence at a time), `c` a token run to catch up (committed while the
-    sequence sat out, or its prompt at its first draft). A small ridge keeps the fit defined before
-    every term has varied; before any call, `prior` seconds per draft token stands in."""
+    sequences (`a`, `o` per call), each row adding `b`; `s` is the per-sequence cost (all of it for a
+    drafter that drafts one sequence at a time), `c` a token to catch up (committed while the sequence
+    sat out, or its prompt). One-sequence calls cannot tell per call from per sequence, nor a position
+    from a token: a weighted ridge reads them the way the drafter runs (`batched`: per call and
+    position; else per sequence and token) until other shapes tell. Before any call, `prior` seconds
+    per draft token (per position, batched)."""
 
-    def __init__(self, decay: float = 0.97, ridge: float = 1e-6):
+    def __init__(self, batched: bool = False, decay: float = 0.97, ridge: float = 1e-6):
+        self.batched = batched
         self.decay = decay
-        self.ridge = ridge
-        self._xx = np.zeros((4, 4))
-        self._xy = np.zeros(4)
+        # ridge weights on (o, a, s, b, c): the terms the drafter's shape does not expect pay 1000x
+        self._penalty = ridge * np.array([1, 1, 1e3, 1e3, 1] if batched else [1e3, 1e3, 1, 1, 1], np.float64)
+        self._xx = np.zeros((5, 5))
+        self._xy = np.zeros(5)
         self._coef: np.ndarray | None = None
 
     def record(self, num_seqs: int, num_tokens: int, catch_up: int, seconds: float,
                positions: int | None = None) -> None:
-        x = np.array([_positions(num_seqs, num_tokens, positions), num_seqs, num_tokens, catch_up], np.float64)
+        x = np.array([1, _positions(num_seqs, num_tokens, positions), num_seqs, num_tokens, catch_up], np.float64)
         self._xx = self.decay * self._xx + np.outer(x, x)
         self._xy = self.decay * self._xy + x * seconds
-        scale = np.trace(self._xx) / 4
-        coef = np.linalg.solve(self._xx + self.ridge * scale * np.eye(4), self._xy)
+        scale = np.trace(self._xx) / 5
+        coef = np.linalg.solve(self._xx + scale * np.diag(self._penalty), self._xy)
         self._coef = np.clip(coef, 0.0, None)
 
     @property
@@ -144,14 +148,15 @@ class DraftCost:
         return self._coef is not None
 
     def per_token(self, prior: float) -> float:
-        return float(self._coef[2]) if self._coef is not None else prior
+        return float(self._coef[3]) if self._coef is not None else prior
 
     def __call__(self, num_seqs: int, num_tokens: int, catch_up: int, prior: float,
                  positions: int | None = None) -> float:
+        positions = _positions(num_seqs, num_tokens, positions)
         if self._coef is None:
-            return prior * num_tokens
-        a, s, b, c = self._coef
-        return float(a * _positions(num_seqs, num_tokens, positions) + s * num_seqs + b * num_tokens + c * catch_up)
+            return prior * (positions if self.batched else num_tokens)
+        o, a, s, b, c = self._coef
+        return float(o + a * positions + s * num_seqs + b * num_tokens + c * catch_up)
 
 
 def _positions(num_seqs: int, num_tokens: int, positions: int | None) -> int:
@@ -162,7 +167,6 @@ def _positions(num_seqs: int, num_tokens: int, positions: int | None) -> int:
 @dataclass
 class Candidate:
     """One running sequence as the policy sees it."""
-
     seq_id: int
     k_cap: int  # the most it may draft this step (request limit, room left); 0 = none
     pending: int  # tokens the target must run for it besides drafts (1 while decoding)
@@ -174,7 +178,6 @@ class Candidate:
 @dataclass
 class Plan:
     """The policy's choice for one step, with what it expects (for stats and reports)."""
-
     ks: dict[int, int]  # seq_id -> k
     expected_tokens: float = 0.0  # committed tokens the model expects from this step
     expected_s: float = 0.0  # seconds it expects the step to take (0 when costs are not measured yet)
@@ -184,15 +187,16 @@ class Plan:
 class CostModel:
     """Measured costs and acceptance; `plan` picks each sequence's k for one step."""
 
-    def __init__(self, k_max: int, prior_acceptance: float = PRIOR_ACCEPTANCE, prior_weight: float = PRIOR_WEIGHT):
+    def __init__(self, k_max: int, prior_acceptance: float = PRIOR_ACCEPTANCE, prior_weight: float = PRIOR_WEIGHT,
+                 batched_drafter: bool = False):
         self.k_max = k_max
         self.prior_acceptance = prior_acceptance
         self.prior_weight = prior_weight
         self.drafter_acceptance = Acceptance()  # pooled over sequences, slowly decayed
         self._pooled: list[float] | None = None  # its conditional rates, per position (cached)
-        self.draft = DraftCost()
+        self.draft = DraftCost(batched_drafter)
         self.verify = VerifyCurve()
-        self._steps_since_draft = 0
+        self._steps_since_draft, self._idle_s = 0, 0.0
         # greedy drafts judged on their own (their prefix accepted), binned by the drafter's confidence
         self.confidence_drafted = [0.0] * CONFIDENCE_BINS
         self.confidence_accepted = [0.0] * CONFIDENCE_BINS
@@ -201,9 +205,8 @@ class CostModel:
 
     def record_draft(self, num_seqs: int, num_tokens: int, catch_up: int, seconds: float,
                      positions: int | None = None) -> None:
-        """One drafter call for `num_seqs` sequences that proposed `num_tokens` tokens in all (the
-        longest `positions` long) after running `catch_up` committed tokens it had not seen (beyond
-        one per sequence)."""
+        """A drafter call: `num_tokens` drafts for `num_seqs` sequences (the longest `positions`), after
+        `catch_up` committed tokens it had not run (beyond one per sequence)."""
         self.draft.record(num_seqs, num_tokens, catch_up, seconds, positions)
 
     def record_forward(self, num_tokens: int, seconds: float) -> None:
@@ -270,9 +273,8 @@ class CostModel:
 
     def step_seconds(self, num_tokens: int, num_drafting: int, num_drafted: int, catch_up: int,
                      positions: int | None = None) -> float:
-        """A step's expected seconds: the target's forward over `num_tokens`, and drafting `num_drafted`
-        tokens for `num_drafting` sequences, the longest draft `positions` long, after `catch_up`
-        tokens (before measurements: a draft token costs 10% of a one-token forward)."""
+        """A step's expected seconds: the target's forward over `num_tokens`, and the drafter's call
+        (before measurements a draft token, or position, costs 10% of a one-token forward)."""
         if not num_drafted:
             return self.verify(num_tokens)
         return self.verify(num_tokens) + self.draft(num_drafting, num_drafted, catch_up, 0.1 * self.verify(1), positions)
@@ -323,15 +325,17 @@ class CostModel:
             open_ = [c for c in open_ if ks[c.seq_id] < c.k_cap]
         catch_up = sum(c.lag - 1 for c in candidates if ks[c.seq_id])  # the step itself pays it all
         self._steps_since_draft = 0 if drafted else self._steps_since_draft + 1
+        self._idle_s = 0.0 if drafted else self._idle_s + self.verify(n)
         probe = [c for c in candidates if c.k_cap > 0]
         if not drafted and probe and self._steps_since_draft >= PROBE_EVERY:
             # nothing drafted for a while: one draft from the sequence cheapest to catch up keeps the
-            # drafter's acceptance estimate from going stale
+            # drafter's acceptance estimate from going stale, once it costs a small share of the time
             c = min(probe, key=lambda c: c.lag)
-            ks[c.seq_id] = 1
-            tokens += self.p_through(c.acceptance, 0)
-            n, drafting, drafted, catch_up, level = n + 1, 1, 1, c.lag - 1, 1
-            self._steps_since_draft = 0
+            if self.step_seconds(n + 1, 1, 1, c.lag - 1, 1) - self.verify(n) <= PROBE_BUDGET * self._idle_s:
+                ks[c.seq_id] = 1
+                tokens += self.p_through(c.acceptance, 0)
+                n, drafting, drafted, catch_up, level = n + 1, 1, 1, c.lag - 1, 1
+                self._steps_since_draft, self._idle_s = 0, 0.0
         expected_s = self.step_seconds(n, drafting, drafted, catch_up, level) if self.verify.measured else 0.0
         return Plan(ks, tokens, expected_s, n)
 
@@ -359,32 +363,28 @@ class KPolicy:
     so the cost model's view is there to compare against."""
 
     def __init__(self, policy: str = "fixed", k_max: int = 4, disable_by_batch_size: int | None = None,
-                 draft_len_schedule: tuple[tuple[int, int], ...] = ()):
+                 draft_len_schedule: tuple[tuple[int, int], ...] = (), batched_drafter: bool = False):
         if policy not in ("auto", "fixed", "adaptive"):
             raise ValueError(f"k policy must be auto, fixed or adaptive, got {policy!r}")
         self.policy = policy
         self.k_max = k_max
         self.disable_by_batch_size = disable_by_batch_size
         self.draft_len_schedule = tuple(draft_len_schedule)
-        self.cost = CostModel(k_max)
+        self.cost = CostModel(k_max, batched_drafter=batched_drafter)
 
     def plan(self, candidates: list[Candidate], draft_lens: dict[int, int]) -> Plan:
         """k for each candidate; `draft_lens` are the adaptive policy's per-sequence lengths."""
         if self.policy == "auto":
             return self.cost.plan(candidates)
         k = scheduled_k(self.k_max, len(candidates), self.disable_by_batch_size, self.draft_len_schedule)
-        if self.policy == "adaptive":
-            ks = {c.seq_id: min(c.k_cap, k, draft_lens.get(c.seq_id, k)) for c in candidates}
-        else:
-            ks = {c.seq_id: min(c.k_cap, k) for c in candidates}
+        adaptive = self.policy == "adaptive"
+        ks = {c.seq_id: min(c.k_cap, k, draft_lens.get(c.seq_id, k) if adaptive else k) for c in candidates}
         return self.cost.evaluate(candidates, ks)  # the model's expectation, to compare with what happens
 
 
 def next_draft_len(current: int, num_draft: int, num_accepted: int, k_max: int) -> int:
     """Dynamic speculation (HF's heuristic): +2 after a fully accepted draft, else -1; in [1, k_max]."""
-    if num_accepted == num_draft:
-        return min(k_max, current + 2)
-    return max(1, current - 1)
+    return min(k_max, current + 2) if num_accepted == num_draft else max(1, current - 1)
 
 
 def scheduled_k(k: int, batch_size: int, disable_by_batch_size: int | None,

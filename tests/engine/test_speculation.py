@@ -13,9 +13,10 @@ from orchestrator.engine.speculation import (
 )
 
 
-def model(verify: dict[int, float], draft_per_token: float | None = None, k_max: int = 8) -> CostModel:
+def model(verify: dict[int, float], draft_per_token: float | None = None, k_max: int = 8,
+          batched: bool = False) -> CostModel:
     """A cost model that has measured exactly these costs (an EMA's first sample is the value)."""
-    m = CostModel(k_max)
+    m = CostModel(k_max, batched_drafter=batched)
     for n, seconds in verify.items():
         m.record_forward(n, seconds)
     if draft_per_token is not None:  # no cost per sequence or per catch-up token, so a = c = 0
@@ -111,12 +112,20 @@ def test_a_bigger_batch_drafts_less_because_verify_grows_with_batch_times_k():
 
 
 def test_after_a_long_run_without_drafts_the_cheapest_sequence_is_probed():
-    m = model(linear(1.0, 0.0), 0.7)
+    m = model(linear(1.0, 0.0), 0.4)
     batch = [decoding(0, lag=40), decoding(1, lag=3), decoding(2, lag=9)]
     for _ in range(31):
         assert set(m.plan(batch).ks.values()) == {0}
     assert m.plan(batch).ks == {0: 0, 1: 1, 2: 0}  # the one with the least to catch up
     assert set(m.plan(batch).ks.values()) == {0}
+
+
+def test_a_probe_waits_until_it_costs_a_small_share_of_the_time_since_the_last_draft():
+    """A probe's draft costs 0.99 s against flat 1 s steps: within 2% of the idle time after 50 steps,
+    not after 32."""
+    m = model(linear(1.0, 0.0), 0.99)
+    batch = [decoding(0, lag=1), decoding(1, lag=1)]
+    assert [sum(m.plan(batch).ks.values()) for _ in range(50)] == [0] * 49 + [1]
 
 
 def test_draft_cost_is_fitted_per_sequence_token_and_catch_up_token():
@@ -182,7 +191,7 @@ def test_a_batched_drafters_run_per_position_is_shared_by_the_batch():
     """A drafter that pays 0.3 s per draft position whatever the rows (batched), a flat verify of 1 s.
     In a batch of 4 one sequence's draft alone does not pay (4.6 / 1.3 = 3.54 < 4 tokens/s), a first
     position for all four does (6.4 / 1.3 = 4.92), a second does not (7.84 / 1.6 = 4.90)."""
-    m = model(linear(1.0, 0.0))
+    m = model(linear(1.0, 0.0), batched=True)
     for positions, seqs, tokens, catch_up in ((1, 1, 1, 0), (2, 4, 8, 0), (4, 2, 5, 10), (3, 3, 9, 0), (1, 4, 4, 0)):
         m.record_draft(seqs, tokens, catch_up, 0.3 * positions, positions=positions)
     assert m.draft(4, 4, 0, prior=1.0, positions=1) == pytest.approx(0.3, abs=1e-3)
@@ -191,3 +200,22 @@ def test_a_batched_drafters_run_per_position_is_shared_by_the_batch():
     assert plan.expected_tokens == pytest.approx(4 * 1.6) and plan.expected_s == pytest.approx(1.3, rel=1e-3)
     # alone, one position pays for itself: 1.6 / 1.3 = 1.23 > 1; a second: 1.96 / 1.6 = 1.225 does not
     assert m.plan([decoding(0)]).ks == {0: 1}
+
+
+@pytest.mark.parametrize("batched, four_rows", [(True, 0.31), (False, 1.24)])
+def test_one_sequence_calls_are_read_the_way_the_drafter_runs(batched, four_rows):
+    """Calls that all draft one sequence cannot tell a per-call cost from a per-sequence one, nor a
+    position from a token. Measured: 0.01 s + 0.3 s per token. A batched drafter reads that as a run
+    per position (four rows at one position cost what one does); one that drafts sequence by sequence
+    as per-row cost (four rows cost four times one)."""
+    m = CostModel(8, batched_drafter=batched)
+    for _ in range(20):
+        for k in (1, 2, 4):
+            m.record_draft(1, k, 0, 0.01 + 0.3 * k, positions=k)
+    assert m.draft(1, 3, 0, prior=1.0, positions=3) == pytest.approx(0.91, rel=1e-2)  # either way
+    assert m.draft(4, 4, 0, prior=1.0, positions=1) == pytest.approx(four_rows, rel=2e-2)
+    for n, seconds in linear(1.0, 0.0).items():
+        m.record_forward(n, seconds)
+    # a flat 1 s verify, p = 0.6: four sequences at one position commit 6.4 tokens in 1.31 s (4.9/s)
+    # batched, 2.24 s (2.9/s) row by row, against 4 tokens in 1 s without drafts
+    assert set(m.plan([decoding(i) for i in range(4)]).ks.values()) == ({1} if batched else {0})
