@@ -6,7 +6,9 @@
 
 Rooms: `engine` (the step), `scheduler` (admission and preemption), `sequence` (per-request
 state and stats), `drafter` (the interface every drafter implements), `verify` and `sampling`
-(pure tensor functions), `preemption` and `swap` (K/V to host or recomputed), `detok`
+(pure tensor functions), `speculation` (k per sequence and step: the cost model, fixed rules)
+over `measured` (acceptance, verify and draft costs), `preemption` and `swap` (K/V to host or
+recomputed), `detok`
 (incremental text with stop strings). The engine knows the target runner (`orchestrator.models`)
 and the block protocol (for swapping); it knows no drafter kind, no profile and no service.
 """

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from orchestrator.config import SamplingParams
-from orchestrator.engine.speculation import Acceptance
+from orchestrator.engine.measured import Acceptance
 
 
 class Status(enum.Enum):

@@ -13,8 +13,8 @@ the target's measured seconds for a forward over n tokens (per size, interpolate
 a linear prior); D the drafter's seconds per call (`DraftCost`). A catch-up (committed tokens the
 drafter has not run: the prompt, the steps the sequence sat out) is paid once and serves every later
 draft, so it is spread over the steps the sequence still has. From k = 0 everywhere, the move raising
-the expected rate most (one draft for one sequence, or one more position for all the sequences at the
-longest draft) is made while one does. Where speculation does not pay, k = 0 and the sequence decodes
+the expected rate most (drafts for one sequence, or positions for all the sequences at the longest
+draft, each looked ahead up to the cap) is made while one does. Where speculation does not pay, k = 0 and the sequence decodes
 plainly, re-examined every step; after a long run without drafts one cheap probe keeps the acceptance
 estimate fresh.
 
@@ -22,146 +22,21 @@ Fixed rules stay as baselines: a constant k, HF's +2/-1 heuristic, vLLM's `disab
 and TensorRT-LLM's `draft_len_schedule` (batch size -> k).
 """
 
-import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
+from orchestrator.engine.measured import Acceptance, DraftCost, VerifyCurve
 
 PRIOR_ACCEPTANCE = 0.6  # p(1) before anything is measured; p(j) = prior ** j
 PRIOR_WEIGHT = 8.0  # drafts a sequence must see before its own counts outweigh the drafter's
-PRIOR_VERIFY_SLOPE = 0.05  # unmeasured V(n) = V(1) * (1 + slope * (n - 1))
 PROBE_EVERY = 32  # after this many steps without any draft, one sequence drafts one token...
 PROBE_BUDGET = 0.02  # ...once its extra cost is within this share of the time since the last draft
-EMA = 0.2  # weight of a new measurement
 CONFIDENCE_BINS = 20  # calibration of the drafter's own probability against acceptance
 CONFIDENCE_MIN_SAMPLES = 30  # a bin with fewer judged drafts does not stop anything
 
 
-class Ema:
-    """An exponential moving average that is None until its first sample."""
-    __slots__ = ("value",)
-
-    def __init__(self):
-        self.value: float | None = None
-
-    def add(self, sample: float) -> None:
-        self.value = sample if self.value is None else (1 - EMA) * self.value + EMA * sample
-
-
-@dataclass
-class Acceptance:
-    """Per draft position: how often it was judged (every earlier draft accepted) and accepted
-    (decayed counts), so conditional acceptance rates can be estimated position by position."""
-
-    judged: list[float] = field(default_factory=list)
-    accepted: list[float] = field(default_factory=list)
-
-    def record(self, num_draft: int, num_accepted: int, decay: float = 1.0) -> None:
-        grow = num_draft - len(self.judged)
-        if grow > 0:
-            self.judged += [0.0] * grow
-            self.accepted += [0.0] * grow
-        if decay < 1.0:
-            self.judged = [d * decay for d in self.judged]
-            self.accepted = [a * decay for a in self.accepted]
-        for j in range(min(num_draft, num_accepted + 1)):  # drafts after the first rejection were not judged
-            self.judged[j] += 1
-            self.accepted[j] += j < num_accepted
-
-    @property
-    def drafted(self) -> bool:
-        return bool(self.judged)
-
-    def rate(self, j: int, prior: float, weight: float) -> float:
-        """P(draft j+1 accepted | drafts 1..j accepted), the counts shrunk towards `prior`."""
-        n = self.judged[j] if j < len(self.judged) else 0.0
-        a = self.accepted[j] if j < len(self.accepted) else 0.0
-        return (a + weight * prior) / (n + weight)
-
-
-class VerifyCurve:
-    """Seconds for a target forward over n tokens, measured per n, interpolated between sizes seen."""
-
-    def __init__(self, slope: float = PRIOR_VERIFY_SLOPE):
-        self.slope = slope
-        self._by_size: dict[int, Ema] = {}
-        self._sizes: list[int] = []
-
-    def record(self, num_tokens: int, seconds: float) -> None:
-        if num_tokens not in self._by_size:
-            self._by_size[num_tokens] = Ema()
-            bisect.insort(self._sizes, num_tokens)
-        self._by_size[num_tokens].add(seconds)
-
-    @property
-    def measured(self) -> bool:
-        return bool(self._sizes)
-
-    def __call__(self, n: int) -> float:
-        if n in self._by_size:
-            return self._by_size[n].value
-        sizes = self._sizes
-        if not sizes:
-            return 1.0 + self.slope * (n - 1)  # relative units until something is measured
-        i = bisect.bisect_left(sizes, n)
-        if 0 < i < len(sizes):  # between two measured sizes: linear interpolation
-            lo, hi = sizes[i - 1], sizes[i]
-            f = (n - lo) / (hi - lo)
-            return (1 - f) * self(lo) + f * self(hi)
-        edge = sizes[0] if i == 0 else sizes[-1]  # outside: the prior's relative slope from the edge
-        return self(edge) * (1 + self.slope * (n - 1)) / (1 + self.slope * (edge - 1))
-
-
-class DraftCost:
-    """Seconds of one drafter call, fitted by decayed least squares over recent calls:
-
-        t = o + a * positions + s * sequences + b * draft tokens + c * catch-up tokens
-
-    `positions` is the call's longest draft: a batched drafter runs once per position for all its
-    sequences (`a`, `o` per call), each row adding `b`; `s` is the per-sequence cost (all of it for a
-    drafter that drafts one sequence at a time), `c` a token to catch up (committed while the sequence
-    sat out, or its prompt). One-sequence calls cannot tell per call from per sequence, nor a position
-    from a token: a weighted ridge reads them the way the drafter runs (`batched`: per call and
-    position; else per sequence and token) until other shapes tell. Before any call, `prior` seconds
-    per draft token (per position, batched)."""
-
-    def __init__(self, batched: bool = False, decay: float = 0.97, ridge: float = 1e-6):
-        self.batched = batched
-        self.decay = decay
-        # ridge weights on (o, a, s, b, c): the terms the drafter's shape does not expect pay 1000x
-        self._penalty = ridge * np.array([1, 1, 1e3, 1e3, 1] if batched else [1e3, 1e3, 1, 1, 1], np.float64)
-        self._xx = np.zeros((5, 5))
-        self._xy = np.zeros(5)
-        self._coef: np.ndarray | None = None
-
-    def record(self, num_seqs: int, num_tokens: int, catch_up: int, seconds: float,
-               positions: int | None = None) -> None:
-        x = np.array([1, _positions(num_seqs, num_tokens, positions), num_seqs, num_tokens, catch_up], np.float64)
-        self._xx = self.decay * self._xx + np.outer(x, x)
-        self._xy = self.decay * self._xy + x * seconds
-        scale = np.trace(self._xx) / 5
-        coef = np.linalg.solve(self._xx + scale * np.diag(self._penalty), self._xy)
-        self._coef = np.clip(coef, 0.0, None)
-
-    @property
-    def measured(self) -> bool:
-        return self._coef is not None
-
-    def per_token(self, prior: float) -> float:
-        return float(self._coef[3]) if self._coef is not None else prior
-
-    def __call__(self, num_seqs: int, num_tokens: int, catch_up: int, prior: float,
-                 positions: int | None = None) -> float:
-        positions = _positions(num_seqs, num_tokens, positions)
-        if self._coef is None:
-            return prior * (positions if self.batched else num_tokens)
-        o, a, s, b, c = self._coef
-        return float(o + a * positions + s * num_seqs + b * num_tokens + c * catch_up)
-
-
-def _positions(num_seqs: int, num_tokens: int, positions: int | None) -> int:
-    """The longest draft of a call; unknown: as if the tokens were spread evenly."""
-    return positions if positions is not None else -(-num_tokens // max(1, num_seqs))
+def _next(cum: dict, c: "Candidate", k: int) -> float:
+    """P(draft k + 1 of c is accepted), from its cumulative expectations."""
+    return cum[c.seq_id][k + 1] - cum[c.seq_id][k]
 
 
 @dataclass
@@ -281,47 +156,54 @@ class CostModel:
 
     def plan(self, candidates: list[Candidate]) -> Plan:
         """Greedy: while the step's expected tokens per second go up, make the move raising them most:
-        one more draft for one sequence, or one more position for every sequence at the longest draft
-        (a batched drafter's run per position may be repaid by several sequences, not by one). A first
-        draft also pays the per-sequence cost and the catch-up, so starters are weighed one by one."""
+        more drafts for one sequence, or more positions for every sequence at the longest draft (a
+        batched drafter's run per position may be repaid by several sequences, not by one). A move
+        looks ahead over every length up to the cap (a verify curve with steps can make two drafts pay
+        where one does not); starters pay the per-sequence cost and the catch-up, so they are weighed
+        one by one, only the likeliest with lookahead."""
         ks = {c.seq_id: 0 for c in candidates}
         tokens = float(len(candidates))  # every sequence commits at least one token
         n, drafting, drafted, catch_up, level = sum(c.pending for c in candidates), 0, 0, 0.0, 0
         best = tokens / self.step_seconds(n, 0, 0, 0) if candidates else 0.0
         open_ = [c for c in candidates if c.k_cap > 0]
         amortised = {c.seq_id: self._amortised(c) for c in open_}
-        next_p = {c.seq_id: self.p_through(c.acceptance, 0) for c in open_}
+        cum = {c.seq_id: self._cumulative(c) for c in open_}  # expected accepted drafts after j drafts
         while open_:
-            moves = []  # (ratio, members, gain)
-            continuers = {}  # opens a new position (True) or not -> the likeliest next draft
+            moves = []  # (ratio, members, drafts added to each, gain)
+
+            def consider(members: list[Candidate], k: int, m: int) -> None:
+                new = [c for c in members if ks[c.seq_id] == 0]
+                gain = sum(cum[c.seq_id][k + m] - cum[c.seq_id][k] for c in members)
+                t = self.step_seconds(n + m * len(members), drafting + len(new), drafted + m * len(members),
+                                      catch_up + sum(amortised[c.seq_id] for c in new), max(level, k + m))
+                moves.append(((tokens + gain) / t, members, m, gain))
+
+            starters = sorted((c for c in open_ if ks[c.seq_id] == 0), key=lambda c: -cum[c.seq_id][1])
+            for i, c in enumerate(starters):
+                for m in range(1, c.k_cap + 1 if i == 0 else 2):
+                    consider([c], 0, m)
+            continuers = {}  # at the longest draft (True) or not -> the likeliest next draft
             for c in open_:
                 k = ks[c.seq_id]
-                if k == 0:
-                    t = self.step_seconds(n + 1, drafting + 1, drafted + 1, catch_up + amortised[c.seq_id],
-                                          max(level, 1))
-                    moves.append(((tokens + next_p[c.seq_id]) / t, [c], next_p[c.seq_id]))
-                elif (k == level) not in continuers or next_p[c.seq_id] > next_p[continuers[k == level].seq_id]:
+                rival = continuers.get(k == level)
+                if k and (rival is None or _next(cum, c, k) > _next(cum, rival, ks[rival.seq_id])):
                     continuers[k == level] = c
-            for opens, c in continuers.items():
-                t = self.step_seconds(n + 1, drafting, drafted + 1, catch_up, level + opens)
-                moves.append(((tokens + next_p[c.seq_id]) / t, [c], next_p[c.seq_id]))
+            for c in continuers.values():
+                for m in range(1, c.k_cap - ks[c.seq_id] + 1):
+                    consider([c], ks[c.seq_id], m)
             members = [c for c in open_ if ks[c.seq_id] == level]
             if len(members) > 1:
-                starters = [c for c in members if ks[c.seq_id] == 0]
-                gain = sum(next_p[c.seq_id] for c in members)
-                t = self.step_seconds(n + len(members), drafting + len(starters), drafted + len(members),
-                                      catch_up + sum(amortised[c.seq_id] for c in starters), level + 1)
-                moves.append(((tokens + gain) / t, members, gain))
-            ratio, members, gain = max(moves, key=lambda m: m[0])
+                for m in range(1, max(c.k_cap for c in members) - level + 1):
+                    consider([c for c in members if c.k_cap >= level + m], level, m)
+            ratio, members, m, gain = max(moves, key=lambda mv: mv[0])
             if ratio <= best:
                 break  # no move left raises the expected rate
-            best, tokens, n, drafted = ratio, tokens + gain, n + len(members), drafted + len(members)
+            best, tokens, n, drafted = ratio, tokens + gain, n + m * len(members), drafted + m * len(members)
             for c in members:
                 if ks[c.seq_id] == 0:
                     drafting, catch_up = drafting + 1, catch_up + amortised[c.seq_id]
-                ks[c.seq_id] += 1
+                ks[c.seq_id] += m
                 level = max(level, ks[c.seq_id])
-                next_p[c.seq_id] = self.p_through(c.acceptance, ks[c.seq_id])
             open_ = [c for c in open_ if ks[c.seq_id] < c.k_cap]
         catch_up = sum(c.lag - 1 for c in candidates if ks[c.seq_id])  # the step itself pays it all
         self._steps_since_draft = 0 if drafted else self._steps_since_draft + 1
@@ -338,6 +220,14 @@ class CostModel:
                 self._steps_since_draft, self._idle_s = 0, 0.0
         expected_s = self.step_seconds(n, drafting, drafted, catch_up, level) if self.verify.measured else 0.0
         return Plan(ks, tokens, expected_s, n)
+
+    def _cumulative(self, c: Candidate) -> list[float]:
+        """[0, p(1), p(1) + p(2), ...] up to the sequence's cap: expected accepted drafts after j drafts."""
+        out, p, pooled = [0.0], 1.0, self.pooled_rates()
+        for i in range(c.k_cap):
+            p *= c.acceptance.rate(i, pooled[min(i, len(pooled) - 1)], self.prior_weight)
+            out.append(out[-1] + p)
+        return out
 
     def _amortised(self, c: Candidate) -> float:
         """A catch-up is paid once for all the steps the sequence will then draft in: spread over the

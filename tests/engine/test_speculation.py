@@ -219,3 +219,14 @@ def test_one_sequence_calls_are_read_the_way_the_drafter_runs(batched, four_rows
     # a flat 1 s verify, p = 0.6: four sequences at one position commit 6.4 tokens in 1.31 s (4.9/s)
     # batched, 2.24 s (2.9/s) row by row, against 4 tokens in 1 s without drafts
     assert set(m.plan([decoding(i) for i in range(4)]).ks.values()) == ({1} if batched else {0})
+
+
+def test_lookahead_finds_drafts_that_pay_only_together():
+    """A verify curve with a step: two tokens cost 1.7 s against 1 s for one, and more cost no more.
+    One draft alone loses (1.6 / 1.71 = 0.94 tokens/s < 1), eight win (2.475 / 1.78 = 1.39): a
+    one-draft-at-a-time greedy would stop at k = 0."""
+    m = model({1: 1.0, **{n: 1.7 for n in range(2, 10)}}, 0.01)
+    plan = m.plan([decoding(0)])
+    assert plan.ks == {0: 8}
+    assert plan.expected_tokens == pytest.approx(1 + 0.6 * (1 - 0.6 ** 8) / 0.4)
+    assert plan.expected_s == pytest.approx(1.78, rel=1e-3)
