@@ -1,6 +1,8 @@
-"""`hetspec serve`: the profile's engine behind `hetspec.v1.Generation`, optionally with /metrics."""
+"""`hetspec serve`: the profile's engine behind `hetspec.v1.Generation`, optionally behind the
+OpenAI-compatible HTTP API too (`--http-port`), and Prometheus /metrics."""
 
 import argparse
+import dataclasses
 
 from prometheus_client import start_http_server
 
@@ -10,6 +12,7 @@ from orchestrator.errors import HetspecError
 from orchestrator.profiles import Profile, load_profile
 from orchestrator.server import EngineLoop, EngineMetrics, GenerationServicer, ServerOptions, start_server
 from orchestrator.server.channels import token_from_env
+from orchestrator.server.openai_http import build_app, start_http
 from orchestrator.tracing import Tracer
 
 
@@ -19,6 +22,10 @@ def add_parser(sub) -> None:
     s.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics on this port of --host (default: the profile's "
                         "server.metrics_port, off; 0 = any free port)")
+    s.add_argument("--http-port", type=int, default=None,
+                   help="also serve the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
+                        "/v1/models, /health, /metrics) on this port of --host (default: the profile's "
+                        "server.http_port, off; 0 = any free port)")
     s.set_defaults(func=run)
 
 
@@ -35,7 +42,7 @@ def server_options(profile: Profile, host: str | None, port: int | None, default
     tls = s.tls
     return ServerOptions(host=host or s.host, port=default_port if port is None else port,
                          max_message_bytes=profile.transport.max_message_bytes,
-                         max_workers=s.max_concurrent_requests + 8,  # + health checks, status, refusals
+                         max_workers=s.max_concurrent_requests + s.max_queued_requests + 16,  # + health, reflection
                          tls_cert_file=tls.cert_file if tls else None, tls_key_file=tls.key_file if tls else None,
                          tls_ca_file=tls.ca_file if tls else None, token=token_from_env(s.auth_token_env))
 
@@ -44,21 +51,38 @@ def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     options = server_options(profile, args.host, args.port, profile.server.port)
     metrics_port = args.metrics_port if args.metrics_port is not None else profile.server.metrics_port
-    config = profile.engine_config()
+    http_port = args.http_port if args.http_port is not None else profile.server.http_port
+    for flag, value in (("--metrics-port", metrics_port), ("--http-port", http_port)):
+        if value is not None and not 0 <= value <= 65535:
+            raise HetspecError(f"{flag} must be in 0..65535, got {value}")
+    s = profile.server
+    # the running batch is at most max_concurrent_requests; admitted requests past it wait in the
+    # engine's queue (no KV held), up to max_queued_requests more
+    config = dataclasses.replace(profile.engine_config(),
+                                 max_num_seqs=min(profile.engine_config().max_num_seqs, s.max_concurrent_requests))
     # spans feed the metrics only (no span history is kept in a long-running server)
-    tracer = Tracer(enabled=metrics_port is not None, keep=False)
+    tracer = Tracer(enabled=metrics_port is not None or http_port is not None, keep=False)
     engine = build_engine(config, tracer=tracer, progress=True)
-    loop = EngineLoop(engine, config.drafter_kind, max_active=profile.server.max_concurrent_requests)
-    servicer = GenerationServicer(loop, engine.tokenizer, max_new_tokens_limit=profile.server.max_new_tokens)
+    loop = EngineLoop(engine, config.drafter_kind, max_active=s.max_concurrent_requests + s.max_queued_requests)
+    servicer = GenerationServicer(loop, engine.tokenizer, max_new_tokens_limit=s.max_new_tokens)
     served = start_server(options, [servicer.register])
+    metrics = EngineMetrics(engine, model_name=config.model) if tracer.enabled else None
     if metrics_port is not None:
-        serve_metrics(engine, options.host, metrics_port)
+        serve_metrics(metrics, options.host, metrics_port)
+    http = None
+    if http_port is not None:
+        app = build_app(loop, engine.tokenizer, config.model, s.max_new_tokens, token=options.token,
+                        registry=metrics.registry, max_body_bytes=options.max_message_bytes)
+        http = start_http(app, options.host, http_port)
+        ready(f"OpenAI-compatible HTTP on http://{options.host}:{http.port}/v1 (model {config.model!r})")
     k = f"auto<={config.num_speculative_tokens}" if config.k_policy == "auto" else config.num_speculative_tokens
     drafter = f"drafter {config.drafter_kind} k={k}" if engine.drafter else "target only"
     ready(f"serving hetspec.v1.Generation on {options.host}:{served.port} "
           f"(profile {profile.source}, {drafter}{', TLS' if options.tls_cert_file else ''}"
           f"{', token auth' if options.token else ''})")
     wait_for_signal()
+    if http is not None:
+        http.stop()
     served.stop()
     loop.stop()
     if engine.drafter is not None:
@@ -66,9 +90,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve_metrics(engine, host: str, port: int) -> None:
+def serve_metrics(metrics: EngineMetrics, host: str, port: int) -> None:
     """Prometheus text format at http://host:port/metrics, fed by the engine's spans."""
-    metrics = EngineMetrics(engine)
     try:
         server, _ = start_http_server(port, addr=host, registry=metrics.registry)
     except OSError as e:

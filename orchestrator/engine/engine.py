@@ -81,12 +81,15 @@ class Engine:
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> int:
         params.validate()
         if not prompt_ids:
-            raise InvalidRequestError("prompt is empty")
+            raise InvalidRequestError("prompt is empty", "prompt")
         if len(prompt_ids) >= self.max_len:
-            raise InvalidRequestError(f"prompt has {len(prompt_ids)} tokens; the context limit is {self.max_len}")
+            raise InvalidRequestError(f"prompt has {len(prompt_ids)} tokens; the context limit is {self.max_len}",
+                                      "prompt")
         vocab = self.target.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_ids):
-            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
+        bad = next((i for i, t in enumerate(prompt_ids) if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"prompt: token id {prompt_ids[bad]} at position {bad} is outside the "
+                                      f"vocabulary [0, {vocab})", "prompt")
         k = self.k if params.speculate else 0
         if params.num_speculative_tokens is not None:  # a request may draft less, never more
             k = min(k, params.num_speculative_tokens)

@@ -287,7 +287,9 @@ class ServerSpec(Section):
     host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 50051
     drafter_port: Annotated[int, Field(ge=1, le=65535)] = 50061
-    max_concurrent_requests: PositiveInt = 16  # more at once are refused with RESOURCE_EXHAUSTED
+    max_concurrent_requests: PositiveInt = 16  # generations running at once (and at most target.max_num_seqs)
+    max_queued_requests: Annotated[int, Field(ge=0)] = 256  # more wait, holding no KV; past: RESOURCE_EXHAUSTED / 429
+    http_port: Annotated[int, Field(ge=0, le=65535)] | None = None  # OpenAI-compatible HTTP; None = off
     max_new_tokens: PositiveInt = 4096  # per-request limit on max_new_tokens
     metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = None  # Prometheus /metrics on host:port; None = off
     tls: TlsSpec | None = None

@@ -55,7 +55,7 @@ class EngineLoop:
         self.max_active = max_active
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._outputs: dict[int, queue.SimpleQueue] = {}  # seq_id -> events for its handler
+        self._outputs: dict = {}  # seq_id -> where its handler's events go (anything with .put)
         self._active = 0  # admitted requests, not yet finished (guarded by _lock)
         self._lock = threading.Lock()
         self._stopped = False
@@ -71,24 +71,34 @@ class EngineLoop:
         self._wake.set()
         return future
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> tuple[int, queue.SimpleQueue]:
+    def submit(self, prompt_ids: list[int], params: SamplingParams, events=None) -> tuple[int, queue.SimpleQueue]:
+        """Admit a request (Overloaded past the bound); -> its id and the queue its events arrive on."""
+        events = queue.SimpleQueue() if events is None else events
+        return self.admit(prompt_ids, params, events).result(), events
+
+    def admit(self, prompt_ids: list[int], params: SamplingParams, events) -> Future:
+        """Admit a request whose events go to `events.put` (called on the engine thread); the Future
+        gives its id once the engine holds it (or the error: a bad prompt, say). Overloaded past
+        `max_active` running or queued requests (the engine queues those past its running batch)."""
         with self._lock:
             if self._active >= self.max_active:
-                raise Overloaded(f"the server is at its limit of {self.max_active} concurrent requests; retry later")
+                raise Overloaded(f"the server holds its limit of {self.max_active} running or queued requests; "
+                                 f"retry later")
             self._active += 1
-        events: queue.SimpleQueue = queue.SimpleQueue()
 
         def add() -> int:
             seq_id = self.engine.add_request(prompt_ids, params)
             self._outputs[seq_id] = events
             return seq_id
 
-        try:
-            return self.call(add).result(), events
-        except BaseException:
-            with self._lock:
-                self._active -= 1
-            raise
+        def undo(future: Future) -> None:
+            if future.cancelled() or future.exception() is not None:
+                with self._lock:
+                    self._active -= 1
+
+        future = self.call(add)
+        future.add_done_callback(undo)
+        return future
 
     def cancel(self, seq_id: int) -> None:
         """Cancel (no-op once finished); the KV blocks are freed before the next step."""

@@ -5,7 +5,11 @@
 
 Counters and histograms are updated once per engine step from that step's spans (the verify
 step's counts ride on its `commit` spans); queue depth and KV pool usage are gauges read from
-the engine when scraped.
+the engine when scraped. The speculative-decoding counters and scheduler gauges are also exported
+under vLLM's names and meanings (`vllm:spec_decode_num_drafts`, `..._num_draft_tokens`,
+`..._num_accepted_tokens`, `..._num_accepted_tokens_per_pos` with a 0-based `position`,
+`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`; labels
+`model_name` and `engine`), so dashboards built for vLLM read a hetspec server as they are.
 """
 
 from collections import defaultdict
@@ -22,9 +26,10 @@ _BUCKETS = tuple(1e-4 * 2 ** i for i in range(18))
 class EngineMetrics:
     """Collectors for one engine in `registry` (a fresh registry by default)."""
 
-    def __init__(self, engine: Engine, registry: CollectorRegistry | None = None):
+    def __init__(self, engine: Engine, registry: CollectorRegistry | None = None, model_name: str = "hetspec"):
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        self._vllm(engine, model_name)
         self.draft_tokens = Counter("hetspec_draft_tokens", "Draft tokens proposed", registry=r)
         self.accepted_tokens = Counter("hetspec_accepted_tokens", "Draft tokens accepted", registry=r)
         self.draft_by_position = Counter("hetspec_draft_tokens_by_position",
@@ -54,6 +59,26 @@ class EngineMetrics:
         Gauge("hetspec_kv_blocks_total", "KV pool capacity in blocks", registry=r).set_function(
             lambda: pool.num_blocks)
 
+    def _vllm(self, engine, model_name: str) -> None:
+        r, pool, labels = self.registry, engine.target.pool, ("model_name", "engine")
+        ids = (model_name, "0")
+        self.vllm_drafts = Counter("vllm:spec_decode_num_drafts", "Verify steps that had draft tokens",
+                                   labels, registry=r).labels(*ids)
+        self.vllm_draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed",
+                                         labels, registry=r).labels(*ids)
+        self.vllm_accepted = Counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted",
+                                     labels, registry=r).labels(*ids)
+        self._vllm_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                     "Draft tokens accepted at each draft position (0-based)",
+                                     [*labels, "position"], registry=r)
+        self._ids = ids
+        for name, doc, read in (
+                ("vllm:num_requests_running", "Requests in the running batch", lambda: len(engine.scheduler.running)),
+                ("vllm:num_requests_waiting", "Requests waiting to be scheduled", lambda: len(engine.scheduler.waiting)),
+                ("vllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = 100%)",
+                 lambda: 1.0 - pool.num_free_blocks / pool.num_blocks)):
+            Gauge(name, doc, labels, registry=r).labels(*ids).set_function(read)
+
     def observe_step(self, spans: list[Span]) -> None:
         """One flush = one engine step's spans."""
         per_phase: dict[tuple[str, str, str], float] = defaultdict(float)
@@ -66,6 +91,12 @@ class EngineMetrics:
         self.step_seconds.observe(sum(per_phase.values()) / 1e3)
 
     def _count(self, num_draft: int, num_accepted: int) -> None:
+        if num_draft:
+            self.vllm_drafts.inc()
+            self.vllm_draft_tokens.inc(num_draft)
+            self.vllm_accepted.inc(num_accepted)
+            for j in range(num_accepted):
+                self._vllm_per_pos.labels(*self._ids, str(j)).inc()
         self.verify_steps.inc()
         self.draft_tokens.inc(num_draft)
         self.accepted_tokens.inc(num_accepted)

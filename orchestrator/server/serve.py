@@ -20,7 +20,9 @@ class ServerOptions:
     host: str = "127.0.0.1"
     port: int = 50051  # 0 = any free port
     max_message_bytes: int = 64 << 20
-    max_workers: int = 32  # handler threads (streams being served at once, incl. health)
+    # handler threads: streams served at once, health and reflection included; calls past them wait
+    # for a thread (gRPC itself refuses nothing: the engine loop bounds generations)
+    max_workers: int = 32
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_ca_file: str | None = None  # set: clients must present a certificate signed by it
@@ -48,8 +50,7 @@ def start_server(options: ServerOptions, register: Iterable[Callable[[grpc.Serve
                          interceptors=interceptors,
                          options=[("grpc.max_receive_message_length", options.max_message_bytes),
                                   ("grpc.max_send_message_length", options.max_message_bytes),
-                                  ("grpc.so_reuseport", 0), *options.extra_options],
-                         maximum_concurrent_rpcs=options.max_workers)
+                                  ("grpc.so_reuseport", 0), *options.extra_options])
     names = [add(server) for add in register]
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

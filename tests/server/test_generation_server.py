@@ -50,7 +50,8 @@ def servers(tmp_path_factory):
     remote = Server("serve", "--profile", str(write_profile(tmp / "remote.yaml", {
         "kind": "remote", "address": f"127.0.0.1:{drafter_port}", "timeout_s": 10.0})), "--port", "0")
     local = Server("serve", "--profile", str(write_profile(tmp / "local.yaml", ONNX,
-                                                            server={"max_concurrent_requests": 4})), "--port", "0",
+                                                            server={"max_concurrent_requests": 4,
+                                                                    "max_queued_requests": 2})), "--port", "0",
                    "--metrics-port", "0")
     box = {"drafter": drafter, "remote": remote, "local": local, "drafter_port": drafter_port}
     yield box
@@ -157,7 +158,7 @@ MALFORMED = [
     (pb.GenerateRequest(prompt=""), grpc.StatusCode.INVALID_ARGUMENT, "prompt"),
     (pb.GenerateRequest(), grpc.StatusCode.INVALID_ARGUMENT, "prompt"),
     (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[])), grpc.StatusCode.INVALID_ARGUMENT, "token_ids"),
-    (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[10**9])), grpc.StatusCode.INVALID_ARGUMENT, "token ids"),
+    (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[10**9])), grpc.StatusCode.INVALID_ARGUMENT, "outside the vocabulary"),
     (pb.GenerateRequest(prompt="hi", max_new_tokens=0), grpc.StatusCode.INVALID_ARGUMENT, "max_new_tokens"),
     (pb.GenerateRequest(prompt="hi", max_new_tokens=10**9), grpc.StatusCode.INVALID_ARGUMENT, "max_new_tokens"),
     (pb.GenerateRequest(prompt="hi", temperature=-0.5), grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
@@ -194,17 +195,20 @@ def test_malformed_requests_get_the_right_code_and_the_server_stays_healthy(serv
     assert "Traceback" not in server.log()
 
 
-def test_more_concurrent_requests_than_the_limit_are_refused_with_resource_exhausted(servers):
-    server = servers["local"]  # max_concurrent_requests: 4
+def test_requests_past_the_running_batch_queue_and_past_the_queue_are_refused(servers):
+    server = servers["local"]  # max_concurrent_requests: 4, max_queued_requests: 2
     with client(server) as c:
         streams = [c.stream(PROMPTS[i], max_new_tokens=300, ignore_eos=True) for i in range(4)]
         for s in streams:
             next(s)
+        queued = [c.stub.Generate(c.request(PROMPTS[4 + i], max_new_tokens=4)) for i in range(2)]
+        wait_until(lambda: (c.status().num_running, c.status().num_waiting) == (4, 2))
         with pytest.raises(grpc.RpcError) as e:
             c.generate(PROMPTS[5], max_new_tokens=4)
-        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "limit of 4" in e.value.details()
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "limit of 6" in e.value.details()
         for s in streams:
-            s.close()
+            s.close()  # cancels: the queued two run now
+        assert [sum(len(m.token_ids) for m in call) for call in queued] == [4, 4]
         wait_until(lambda: c.status().num_active_requests == 0)
         assert c.generate(PROMPTS[5], max_new_tokens=4)["usage"]["completion_tokens"] == 4
 

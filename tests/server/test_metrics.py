@@ -41,6 +41,16 @@ def test_counters_and_histograms_match_the_engine_after_a_real_generation(engine
     assert 0 < m[("hetspec_phase_seconds_sum", verify)] < m[("hetspec_step_seconds_sum", ())]
     assert m[("hetspec_kv_blocks_used", ())] == 0  # the finished request gave its blocks back
     assert m[("hetspec_kv_blocks_total", ())] == engine.target.pool.num_blocks
+    # the same counts under vLLM's names: drafts are verify steps that had drafts, positions 0-based
+    vllm = (("engine", "0"), ("model_name", "hetspec"))
+    drafted_steps = sum(1 for n in st.steps_per_k.items() for _ in range(n[1]) if n[0] > 0)
+    assert m[("vllm:spec_decode_num_drafts_total", vllm)] == drafted_steps > 0
+    assert m[("vllm:spec_decode_num_draft_tokens_total", vllm)] == st.num_drafted
+    assert m[("vllm:spec_decode_num_accepted_tokens_total", vllm)] == st.num_accepted
+    for j, a in enumerate(st.accepted_per_position):
+        assert m.get(("vllm:spec_decode_num_accepted_tokens_per_pos_total", (*vllm, ("position", str(j)))), 0) == a
+    assert m[("vllm:kv_cache_usage_perc", vllm)] == 0.0
+    assert m[("vllm:num_requests_running", vllm)] == 0
 
 
 def test_queue_depth_and_kv_usage_are_read_when_scraped(engine, smollm2_tokenizer):
@@ -56,3 +66,18 @@ def test_queue_depth_and_kv_usage_are_read_when_scraped(engine, smollm2_tokenize
         engine.cancel(seq_id)
         engine.release(seq_id)
     assert scrape(metrics.registry)[("hetspec_kv_blocks_used", ())] == 0
+
+
+def test_the_shipped_grafana_dashboard_reads_only_metrics_the_server_exports(engine, smollm2_tokenizer):
+    import json
+    import re
+    from importlib.resources import files
+
+    metrics = EngineMetrics(engine)
+    engine.generate(smollm2_tokenizer("Hello").input_ids, SamplingParams(max_new_tokens=8, ignore_eos=True))
+    exported = {name for name, _ in scrape(metrics.registry)}
+    dashboard = json.loads(files("orchestrator.server").joinpath("grafana/hetspec-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"([a-z_:]+_?[a-z_:]*)(?=\{|\[)", e) if ":" in m or m.startswith("hetspec")}
+    assert len(exprs) >= 7 and len(used) >= 8
+    assert used <= exported, used - exported
