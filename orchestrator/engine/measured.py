@@ -53,18 +53,30 @@ class Acceptance:
 
 
 class VerifyCurve:
-    """Seconds for a target forward over n tokens, measured per n, interpolated between sizes seen."""
+    """Seconds for a target forward over n tokens, measured per n, interpolated between sizes seen.
+    A forward never gets faster with more tokens: each size reads the largest value measured at or
+    below it (noise at one size must not make the next token look free, or dear)."""
 
     def __init__(self, slope: float = PRIOR_VERIFY_SLOPE):
         self.slope = slope
         self._by_size: dict[int, Ema] = {}
         self._sizes: list[int] = []
+        self._envelope: dict[int, float] | None = None  # size -> running max (cached)
 
     def record(self, num_tokens: int, seconds: float) -> None:
         if num_tokens not in self._by_size:
             self._by_size[num_tokens] = Ema()
             bisect.insort(self._sizes, num_tokens)
         self._by_size[num_tokens].add(seconds)
+        self._envelope = None
+
+    def _at(self, n: int) -> float:
+        if self._envelope is None:
+            top, self._envelope = 0.0, {}
+            for size in self._sizes:
+                top = max(top, self._by_size[size].value)
+                self._envelope[size] = top
+        return self._envelope[n]
 
     @property
     def measured(self) -> bool:
@@ -72,7 +84,7 @@ class VerifyCurve:
 
     def __call__(self, n: int) -> float:
         if n in self._by_size:
-            return self._by_size[n].value
+            return self._at(n)
         sizes = self._sizes
         if not sizes:
             return 1.0 + self.slope * (n - 1)  # relative units until something is measured
@@ -80,9 +92,9 @@ class VerifyCurve:
         if 0 < i < len(sizes):  # between two measured sizes: linear interpolation
             lo, hi = sizes[i - 1], sizes[i]
             f = (n - lo) / (hi - lo)
-            return (1 - f) * self(lo) + f * self(hi)
+            return (1 - f) * self._at(lo) + f * self._at(hi)
         edge = sizes[0] if i == 0 else sizes[-1]  # outside: the prior's relative slope from the edge
-        return self(edge) * (1 + self.slope * (n - 1)) / (1 + self.slope * (edge - 1))
+        return self._at(edge) * (1 + self.slope * (n - 1)) / (1 + self.slope * (edge - 1))
 
 
 class DraftCost:

@@ -112,13 +112,16 @@ class CostModel:
         return 0.0
 
     def break_even(self, plan: Plan) -> float:
-        """The acceptance probability at which one more draft token pays: its marginal time (a draft
-        plus one more token in the verify) times the tokens per second the plan expects."""
-        if not plan.expected_s or not self.draft.measured:
-            return 0.0
+        """The acceptance probability at which a draft token pays: the plan's time per draft token
+        (drafting and the verify's extra tokens, averaged over its drafts: one size's noise in the
+        verify curve must not decide; catch-ups are paid once, not per draft) times the tokens per
+        second the plan expects."""
+        drafted, ks = sum(plan.ks.values()), [k for k in plan.ks.values() if k]
+        if not plan.expected_s or drafted <= 1 or not self.draft.measured:
+            return 0.0  # a single draft (a probe, say) is there to be judged: nothing to trim
         n = plan.num_tokens
-        marginal = self.draft.per_token(0.0) + self.verify(n + 1) - self.verify(n)
-        return marginal * plan.expected_tokens / plan.expected_s
+        per_draft = (self.verify(n) - self.verify(n - drafted) + self.draft(len(ks), drafted, 0, 0.0, max(ks))) / drafted
+        return per_draft * plan.expected_tokens / plan.expected_s
 
     # ---- the choice ----------------------------------------------------------------------------
 

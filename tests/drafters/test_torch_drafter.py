@@ -16,7 +16,9 @@ NUM_TOKENS = 32
 def test_self_drafting_is_fully_accepted_and_lossless(smollm2_tokenizer):
     base = EngineConfig(max_kv_tokens=2048)
     plain = build_engine(EngineConfig(max_kv_tokens=2048, drafter=None), progress=False)
-    spec = build_engine(EngineConfig(max_kv_tokens=2048, drafter=TorchDrafterConfig()), progress=False)
+    # fixed k: the drafter is the target itself, as dear as a verify, so `auto` rightly drafts nothing
+    spec = build_engine(EngineConfig(max_kv_tokens=2048, drafter=TorchDrafterConfig(), k_policy="fixed"),
+                        progress=False)
     assert spec.drafter.runner.dtype == torch.float32 and spec.k == base.num_speculative_tokens
     params = SamplingParams(max_new_tokens=NUM_TOKENS, ignore_eos=True)
     for prompt in PROMPTS[:3]:

@@ -223,8 +223,9 @@ def test_preemption_when_the_pool_is_short_stays_lossless(smollm2, smollm2_token
 def test_out_of_vocab_prompt_ids_are_rejected(target, smollm2, smollm2_tokenizer):
     engine = make_engine(target, smollm2_tokenizer, smollm2)
     for bad in ([1, -1], [1, target.vocab_size]):
-        with pytest.raises(InvalidRequestError, match="token ids"):
+        with pytest.raises(InvalidRequestError, match="outside the vocabulary") as e:
             engine.add_request(bad, SamplingParams())
+        assert e.value.field == "prompt"
 
 
 def test_cancel_while_swapped_out_releases_the_host_copy(smollm2, smollm2_tokenizer):

@@ -182,7 +182,9 @@ def test_confidence_early_stop_threshold_is_calibrated_on_acceptance():
 
 def test_break_even_is_the_marginal_draft_time_times_the_expected_rate():
     m = model(linear(1.0, 0.1), 0.2)
-    plan = m.plan([decoding(0)])
+    assert m.break_even(m.plan([decoding(0)])) == 0.0  # a single draft (k = 1) is never trimmed
+    plan = m.plan([decoding(0), decoding(1)])
+    assert plan.ks == {0: 1, 1: 1}
     rate = plan.expected_tokens / plan.expected_s
     assert m.break_even(plan) == pytest.approx((0.2 + 0.1) * rate, rel=1e-3)
 
@@ -230,3 +232,23 @@ def test_lookahead_finds_drafts_that_pay_only_together():
     assert plan.ks == {0: 8}
     assert plan.expected_tokens == pytest.approx(1 + 0.6 * (1 - 0.6 ** 8) / 0.4)
     assert plan.expected_s == pytest.approx(1.78, rel=1e-3)
+
+
+def test_a_dip_in_the_measured_verify_curve_does_not_make_tokens_look_free_or_dear():
+    """Measured V(8) = 0.2 s below V(4) = 0.3 s (noise): sizes read the running maximum, so V(8) =
+    0.3 and V(6) = 0.3, and the next token after 4 does not look 0.05 s cheaper than free."""
+    curve = VerifyCurve()
+    for n, seconds in ((1, 0.1), (4, 0.3), (8, 0.2), (16, 0.5)):
+        curve.record(n, seconds)
+    assert [curve(n) for n in (4, 6, 8, 12)] == pytest.approx([0.3, 0.3, 0.3, 0.4])
+
+
+def test_break_even_averages_the_plans_draft_time_over_its_drafts():
+    """One token costs 1 s, two to five 1.5 s (a step), six 3 s; drafts 0.01 s each: the plan drafts 4
+    (the cap). The next token's own cost (0.01 + V(6) - V(5) = 1.51 s) times the rate would put the
+    break-even above 1, stopping every draft; the plan's average draft costs (1.54 - 1) / 4 = 0.135 s:
+    break-even 0.135 x 2.3056 / 1.54 = 0.202."""
+    m = model({1: 1.0, **{n: 1.5 for n in range(2, 6)}, 6: 3.0}, 0.01, k_max=4)
+    plan = m.plan([decoding(0, k_cap=4)])
+    assert plan.ks == {0: 4} and plan.expected_s == pytest.approx(1.54, rel=1e-3)
+    assert m.break_even(plan) == pytest.approx(0.135 * 2.3056 / 1.54, rel=1e-3)
