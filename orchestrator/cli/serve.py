@@ -66,15 +66,16 @@ def run(args: argparse.Namespace) -> int:
     loop = EngineLoop(engine, config.drafter_kind, max_active=s.max_concurrent_requests + s.max_queued_requests)
     servicer = GenerationServicer(loop, engine.tokenizer, max_new_tokens_limit=s.max_new_tokens)
     served = start_server(options, [servicer.register])
-    metrics = EngineMetrics(engine, model_name=config.model) if tracer.enabled else None
+    served_model = config.model or "smollm2-135m"  # the name clients send as `model` (no model: the default)
+    metrics = EngineMetrics(engine, model_name=served_model) if tracer.enabled else None
     if metrics_port is not None:
         serve_metrics(metrics, options.host, metrics_port)
     http = None
     if http_port is not None:
-        app = build_app(loop, engine.tokenizer, config.model, s.max_new_tokens, token=options.token,
+        app = build_app(loop, engine.tokenizer, served_model, s.max_new_tokens, token=options.token,
                         registry=metrics.registry, max_body_bytes=options.max_message_bytes)
         http = start_http(app, options.host, http_port)
-        ready(f"OpenAI-compatible HTTP on http://{options.host}:{http.port}/v1 (model {config.model!r})")
+        ready(f"OpenAI-compatible HTTP on http://{options.host}:{http.port}/v1 (model {served_model!r})")
     k = f"auto<={config.num_speculative_tokens}" if config.k_policy == "auto" else config.num_speculative_tokens
     drafter = f"drafter {config.drafter_kind} k={k}" if engine.drafter else "target only"
     ready(f"serving hetspec.v1.Generation on {options.host}:{served.port} "

@@ -126,7 +126,11 @@ def build_app(loop: EngineLoop, tokenizer, model_name: str, max_new_tokens_limit
     async def api_error(request: Request, exc: ApiError):
         return _error_response(exc)
 
-    @app.exception_handler(Exception)
+    @app.exception_handler(HetspecError)  # a bad request or a full queue: no traceback in the log
+    async def refused(request: Request, exc: HetspecError):
+        return _error_response(_api_error(exc))
+
+    @app.exception_handler(Exception)  # a bug: one line to the client, the traceback to the log
     async def anything(request: Request, exc: Exception):
         return _error_response(_api_error(exc))
 
