@@ -22,6 +22,7 @@ Fixed rules stay as baselines: a constant k, HF's +2/-1 heuristic, vLLM's `disab
 and TensorRT-LLM's `draft_len_schedule` (batch size -> k).
 """
 
+import itertools
 from dataclasses import dataclass
 
 from orchestrator.engine.measured import Acceptance, DraftCost, VerifyCurve
@@ -137,17 +138,21 @@ class CostModel:
         return self._pooled
 
     def p_through(self, own: Acceptance, j: int) -> float:
-        """P(drafts 1..j+1 of a sequence with these measurements all accepted) (j counts from 0): the
-        product of its conditional rates, each shrunk towards the drafter's."""
-        pooled = self.pooled_rates()
-        p = 1.0
-        for i in range(j + 1):
+        """P(drafts 1..j+1 of a sequence with these measurements all accepted) (j counts from 0)."""
+        return self.p_all(own, j + 1)[-1]
+
+    def p_all(self, own: Acceptance, k: int) -> list[float]:
+        """[P(draft 1 accepted), P(drafts 1..2 accepted), ...] for k drafts: running products of its
+        conditional rates, each shrunk towards the drafter's."""
+        pooled, p, out = self.pooled_rates(), 1.0, []
+        for i in range(k):
             p *= own.rate(i, pooled[min(i, len(pooled) - 1)], self.prior_weight)
-        return p
+            out.append(p)
+        return out
 
     def expected_tokens(self, own: Acceptance, k: int) -> float:
         """Tokens a verify step with k drafts is expected to commit: 1 + sum_j P(drafts 1..j accepted)."""
-        return 1.0 + sum(self.p_through(own, j) for j in range(k))
+        return 1.0 + sum(self.p_all(own, k))
 
     def step_seconds(self, num_tokens: int, num_drafting: int, num_drafted: int, catch_up: int,
                      positions: int | None = None) -> float:
@@ -226,11 +231,7 @@ class CostModel:
 
     def _cumulative(self, c: Candidate) -> list[float]:
         """[0, p(1), p(1) + p(2), ...] up to the sequence's cap: expected accepted drafts after j drafts."""
-        out, p, pooled = [0.0], 1.0, self.pooled_rates()
-        for i in range(c.k_cap):
-            p *= c.acceptance.rate(i, pooled[min(i, len(pooled) - 1)], self.prior_weight)
-            out.append(out[-1] + p)
-        return out
+        return [0.0, *itertools.accumulate(self.p_all(c.acceptance, c.k_cap))]
 
     def _amortised(self, c: Candidate) -> float:
         """A catch-up is paid once for all the steps the sequence will then draft in: spread over the
