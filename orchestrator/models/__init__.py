@@ -16,9 +16,16 @@ from orchestrator.models.embedded import EMBEDDED_MODELS
 from orchestrator.models.export import MARKER, ExportOptions, default_export_dir, export_drafter, find_onnx_model
 from orchestrator.models.kv_pool import BlockPool, PoolExhausted
 from orchestrator.models.target import TargetOutput, TargetRunner
-from orchestrator.models.tokenizer import check_same_vocabulary, encode_prompt, eos_token_ids, load_tokenizer
+from orchestrator.models.tokenizer import (
+    check_same_vocabulary,
+    encode_messages,
+    encode_prompt,
+    eos_token_ids,
+    load_tokenizer,
+)
 from orchestrator.models.transformer import ModelSpec, Transformer
 
 __all__ = ["BlockPool", "Checkpoint", "EMBEDDED_MODELS", "ExportOptions", "MARKER", "ModelSpec", "PoolExhausted",
-           "TargetOutput", "TargetRunner", "Transformer", "cache_root", "check_same_vocabulary", "default_export_dir", "encode_prompt",
+           "TargetOutput", "TargetRunner", "Transformer", "cache_root", "check_same_vocabulary", "default_export_dir", "encode_messages",
+           "encode_prompt",
            "eos_token_ids", "export_drafter", "find_onnx_model", "load_tokenizer", "resolve"]

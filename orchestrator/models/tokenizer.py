@@ -18,10 +18,14 @@ def load_tokenizer(ckpt: Checkpoint):
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
     """Token ids of a prompt, wrapped in the model's chat template when `chat` and it has one."""
     if chat and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                            add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return encode_messages(tokenizer, [{"role": "user", "content": prompt}])
     return tokenizer(prompt).input_ids
+
+
+def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a conversation through the model's chat template, ready for the assistant's turn."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 def eos_token_ids(ckpt: Checkpoint, tokenizer) -> tuple[int, ...]:

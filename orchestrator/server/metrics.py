@@ -91,16 +91,15 @@ class EngineMetrics:
         self.step_seconds.observe(sum(per_phase.values()) / 1e3)
 
     def _count(self, num_draft: int, num_accepted: int) -> None:
-        if num_draft:
-            self.vllm_drafts.inc()
-            self.vllm_draft_tokens.inc(num_draft)
-            self.vllm_accepted.inc(num_accepted)
-            for j in range(num_accepted):
-                self._vllm_per_pos.labels(*self._ids, str(j)).inc()
         self.verify_steps.inc()
         self.draft_tokens.inc(num_draft)
         self.accepted_tokens.inc(num_accepted)
+        if num_draft:  # vLLM counts only the verify steps that had drafts
+            self.vllm_drafts.inc()
+            self.vllm_draft_tokens.inc(num_draft)
+            self.vllm_accepted.inc(num_accepted)
         for j in range(num_draft):
             self.draft_by_position.labels(str(j + 1)).inc()
             if j < num_accepted:
                 self.accepted_by_position.labels(str(j + 1)).inc()
+                self._vllm_per_pos.labels(*self._ids, str(j)).inc()  # vLLM's positions count from 0

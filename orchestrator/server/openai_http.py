@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from orchestrator.errors import HetspecError, InvalidRequestError
+from orchestrator.models import encode_messages, encode_prompt
 from orchestrator.server.engine_loop import Done, EngineLoop
 from orchestrator.server.interceptors import Overloaded
 from orchestrator.server.openai_schema import ChatCompletionRequest, CompletionRequest
@@ -161,7 +162,7 @@ def build_app(loop: EngineLoop, tokenizer, model_name: str, max_new_tokens_limit
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise ApiError(400, "prompt: is empty", "prompt")
-            ids = tokenizer(prompt).input_ids
+            ids = encode_prompt(tokenizer, prompt, chat=False)
         else:
             if not prompt:
                 raise ApiError(400, "prompt: is empty", "prompt")
@@ -175,11 +176,9 @@ def build_app(loop: EngineLoop, tokenizer, model_name: str, max_new_tokens_limit
         if not getattr(tokenizer, "chat_template", None):
             raise ApiError(400, "messages: this model has no chat template; use /v1/completions", "messages")
         try:
-            ids = tokenizer.apply_chat_template([m.as_template_message() for m in body.messages],
-                                                add_generation_prompt=True, tokenize=True)
+            ids = encode_messages(tokenizer, [m.as_template_message() for m in body.messages])
         except Exception as e:  # the template refuses a role order it does not support
             raise ApiError(400, f"messages: the chat template refused them ({e})", "messages") from None
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         limit, name = body.limit()
         params = body.sampling_params(limit, max_new_tokens_limit, max_new_tokens_limit, name)
         return await _respond(request, body, ids, params, chat=True)
@@ -217,7 +216,7 @@ class _Meta:
     model: str
     chat: bool
 
-    def _head(self, chunk: bool) -> dict:
+    def head(self, chunk: bool) -> dict:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
@@ -227,7 +226,7 @@ class _Meta:
             choice["message"] = {"role": "assistant", "content": result["text"]}
         else:
             choice["text"] = result["text"]
-        return {**self._head(False), "choices": [choice], "usage": _usage(result), "hetspec": _extra(result)}
+        return {**self.head(False), "choices": [choice], "usage": _usage(result), "hetspec": _extra(result)}
 
     def chunk(self, text: str | None, finish: str | None = None, role: bool = False) -> dict:
         choice = {"index": 0, "finish_reason": finish, "logprobs": None}
@@ -235,7 +234,7 @@ class _Meta:
             choice["delta"] = ({"role": "assistant"} if role else {}) | ({"content": text} if text is not None else {})
         else:
             choice["text"] = text or ""
-        return {**self._head(True), "choices": [choice]}
+        return {**self.head(True), "choices": [choice]}
 
 
 def _finish(reason: str | None) -> str | None:
@@ -271,7 +270,7 @@ async def _stream(loop: EngineLoop, seq_id: int, events: _AsyncEvents, meta: _Me
                 last["hetspec"] = _extra(event.result)
                 yield _sse(last)
                 if include_usage:
-                    yield _sse({**meta._head(True), "choices": [], "usage": _usage(event.result)})
+                    yield _sse({**meta.head(True), "choices": [], "usage": _usage(event.result)})
                 yield _sse("[DONE]")
                 return
             if event.text:
