@@ -1,11 +1,14 @@
 """Speculation control, side by side in one run: target-only, fixed k and the auto cost model.
 
 Grid: workloads (chat / grounded / code) x concurrency (1 / 4 / 16 requests in the running batch)
-x {target-only, fixed k = 2, 4, 8, auto}, on one profile's target and drafter (built once). Each cell
-runs every configuration `--repeats` times, the order reversed every other repeat (ABBA), after a
-warm-up of each; throughput is the batch's committed tokens over its wall time. Goals (issue 14):
-auto >= 0.98x target-only in every cell, >= 0.95x the best fixed k in every cell, and >= 1.05x the
-best fixed k in at least two.
+x {target-only, fixed k = 2, 4, 8, auto}, on one profile's target and drafter (built once). A cell
+runs every prompt of the workload at least once, in waves of `concurrency` requests admitted together
+(at x1, one prompt after another); throughput is the committed tokens over the waves' wall time. Each
+cell runs every configuration `--repeats` times, the order reversed every other repeat (ABBA), after
+a warm-up of each. Ratios are paired: auto's run against the other configuration's run in the same
+repeat (minutes apart at most, so a host that drifts between repeats cancels out), and the cell reports
+the median of those ratios with their range. Goals (issue 14): auto >= 0.98x target-only in every
+cell, >= 0.95x the best fixed k in every cell, and >= 1.05x the best fixed k in at least two.
 
     python bench/bench_control.py [--profile cpu] [--tokens 48] [--repeats 2] [--workloads chat,grounded,code]
         [--concurrency 1,4,16]
@@ -28,15 +31,17 @@ from common import machine_line, write_report
 FIXED = (2, 4, 8)
 
 
-def run_batch(engine, prompts: list[list[int]], tokens: int) -> tuple[float, list[list[int]], dict]:
-    """All prompts admitted at once; -> (committed tokens per second, outputs, k choices)."""
+def run_batch(engine, prompts: list[list[int]], tokens: int, wave: int) -> tuple[float, list[list[int]], dict]:
+    """The prompts in waves of `wave` admitted at once; -> (committed tokens per second, outputs, k choices)."""
     params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
     t0 = time.perf_counter()
-    ids = [engine.add_request(p, params) for p in prompts]
-    while engine.has_work():
-        engine.step()
+    seqs = []
+    for start in range(0, len(prompts), wave):
+        ids = [engine.add_request(p, params) for p in prompts[start:start + wave]]
+        while engine.has_work():
+            engine.step()
+        seqs += [engine.release(i) for i in ids]
     elapsed = time.perf_counter() - t0
-    seqs = [engine.release(i) for i in ids]
     ks: dict[int, int] = {}
     for s in seqs:
         for k, n in s.stats.steps_per_k.items():
@@ -48,7 +53,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="cpu")
     ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--workloads", default="chat,grounded,code")
     ap.add_argument("--concurrency", default="1,4,16")
     args = ap.parse_args()
@@ -66,32 +71,38 @@ def main():
         _, items = load_workload(wl)
         encoded = [encode_prompt(parts.tokenizer, item.prompt, chat=item.chat) for item in items]
         for conc in [int(c) for c in args.concurrency.split(",")]:
-            prompts = [encoded[i % len(encoded)] for i in range(conc)]
+            waves = -(-len(encoded) // conc)  # enough waves for every prompt to run at least once
+            prompts = [encoded[i % len(encoded)] for i in range(conc * waves)]
             engines = {}
             for name, k in configs.items():  # fresh engines per cell: the cost model learns in the cell
                 policy = "auto" if k == "auto" else "fixed"
                 engines[name] = parts.engine(num_speculative_tokens=k_auto if k == "auto" else k,
                                              max_num_seqs=max(16, conc), k_policy=policy)
-                run_batch(engines[name], prompts[:min(conc, 2)], 8)  # warm-up
+                run_batch(engines[name], prompts[:min(conc, 2)], 8, conc)  # warm-up
             results: dict[str, list[float]] = {name: [] for name in configs}
             outputs, ks = {}, {}
             for rep in range(args.repeats):
                 order = list(configs) if rep % 2 == 0 else list(reversed(configs))
                 for name in order:
-                    tps, out, chosen = run_batch(engines[name], prompts, args.tokens)
+                    tps, out, chosen = run_batch(engines[name], prompts, args.tokens, conc)
                     results[name].append(tps)
                     outputs[name], ks[name] = out, chosen
             med = {name: statistics.median(v) for name, v in results.items()}
             best_fixed = max((n for n in configs if n.startswith("k=")), key=med.get)
-            cell = {"workload": wl, "concurrency": conc, "tokens_per_s": results, "median": med,
-                    "auto_vs_target_only": med["auto"] / med["target-only"],
-                    "auto_vs_best_fixed": med["auto"] / med[best_fixed], "best_fixed": best_fixed,
+            vs_target = [a / b for a, b in zip(results["auto"], results["target-only"])]
+            vs_best = [a / b for a, b in zip(results["auto"], results[best_fixed])]
+            cell = {"workload": wl, "concurrency": conc, "requests": len(prompts), "tokens_per_s": results,
+                    "median": med, "best_fixed": best_fixed,
+                    "auto_vs_target_only": statistics.median(vs_target), "auto_vs_target_only_range": _range(vs_target),
+                    "auto_vs_best_fixed": statistics.median(vs_best), "auto_vs_best_fixed_range": _range(vs_best),
+                    "target_only_spread": max(results["target-only"]) / min(results["target-only"]),
                     "auto_k_steps": {str(k): n for k, n in sorted(ks["auto"].items())},
                     "identical_greedy": all(outputs[n] == outputs["target-only"] for n in configs)}
             report["cells"].append(cell)
             spread = " ".join(f"{n} {med[n]:.1f} ({min(results[n]):.1f}-{max(results[n]):.1f})" for n in configs)
             print(f"{wl:<8} x{conc:<2} tok/s: {spread} | auto/target-only {cell['auto_vs_target_only']:.2f} "
-                  f"auto/{best_fixed} {cell['auto_vs_best_fixed']:.2f} | auto k steps {cell['auto_k_steps']} "
+                  f"{_show(vs_target)} auto/{best_fixed} {cell['auto_vs_best_fixed']:.2f} {_show(vs_best)} "
+                  f"| target-only spread {cell['target_only_spread']:.2f} | auto k steps {cell['auto_k_steps']} "
                   f"| identical {cell['identical_greedy']}", flush=True)
     cells = report["cells"]
     report["goals"] = {
@@ -101,6 +112,14 @@ def main():
     }
     print("goals:", report["goals"], flush=True)
     write_report(f"control-{args.profile}", report)
+
+
+def _range(ratios: list[float]) -> list[float]:
+    return [min(ratios), max(ratios)]
+
+
+def _show(ratios: list[float]) -> str:
+    return f"({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 if __name__ == "__main__":

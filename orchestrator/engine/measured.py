@@ -2,23 +2,29 @@
 time per size, the drafter's call time (a decayed least-squares fit). `speculation` plans with them."""
 
 import bisect
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
 PRIOR_VERIFY_SLOPE = 0.05  # unmeasured V(n) = V(1) * (1 + slope * (n - 1))
-EMA = 0.2  # weight of a new measurement
+SPIKE = 3.0  # a drafter call over this many times its prediction counts as this many times
 
 
-class Ema:
-    """An exponential moving average that is None until its first sample."""
-    __slots__ = ("value",)
+class Recent:
+    """The median of the last few samples: one stalled forward (a busy host) does not move it."""
+    __slots__ = ("samples",)
 
-    def __init__(self):
-        self.value: float | None = None
+    def __init__(self, size: int = 5):
+        self.samples: deque[float] = deque(maxlen=size)
 
     def add(self, sample: float) -> None:
-        self.value = sample if self.value is None else (1 - EMA) * self.value + EMA * sample
+        self.samples.append(sample)
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self.samples)
 
 
 @dataclass
@@ -53,30 +59,48 @@ class Acceptance:
 
 
 class VerifyCurve:
-    """Seconds for a target forward over n tokens, measured per n, interpolated between sizes seen.
-    A forward never gets faster with more tokens: each size reads the largest value measured at or
-    below it (noise at one size must not make the next token look free, or dear)."""
+    """Seconds for a target forward over n tokens, measured per n (the median of its recent forwards),
+    interpolated between sizes seen. A forward never gets faster with more tokens: the per-size averages are made non-decreasing by
+    a weighted isotonic fit (pool adjacent violators), each size weighing its measurements, decayed
+    by age. Noise at a size seen once is pooled with its well-measured neighbours instead of
+    spreading to every larger size, and a size the plan stopped choosing fades towards them."""
 
-    def __init__(self, slope: float = PRIOR_VERIFY_SLOPE):
+    def __init__(self, slope: float = PRIOR_VERIFY_SLOPE, decay: float = 0.99):
         self.slope = slope
-        self._by_size: dict[int, Ema] = {}
+        self.decay = decay
+        self._by_size: dict[int, Recent] = {}
+        self._weight: dict[int, tuple[float, int]] = {}  # size -> (decayed count, record index when last seen)
         self._sizes: list[int] = []
-        self._envelope: dict[int, float] | None = None  # size -> running max (cached)
+        self._records = 0
+        self._fit: dict[int, float] | None = None  # size -> isotonic value (cached)
 
     def record(self, num_tokens: int, seconds: float) -> None:
         if num_tokens not in self._by_size:
-            self._by_size[num_tokens] = Ema()
+            self._by_size[num_tokens] = Recent()
             bisect.insort(self._sizes, num_tokens)
         self._by_size[num_tokens].add(seconds)
-        self._envelope = None
+        self._records += 1
+        self._weight[num_tokens] = (self._count(num_tokens) + 1.0, self._records)
+        self._fit = None
+
+    def _count(self, n: int) -> float:
+        count, seen = self._weight.get(n, (0.0, self._records))
+        return max(count * self.decay ** (self._records - seen), 1e-9)  # never 0: pooling divides by it
 
     def _at(self, n: int) -> float:
-        if self._envelope is None:
-            top, self._envelope = 0.0, {}
+        if self._fit is None:
+            blocks: list[list[float]] = []  # [value, weight, sizes in the block]
             for size in self._sizes:
-                top = max(top, self._by_size[size].value)
-                self._envelope[size] = top
-        return self._envelope[n]
+                blocks.append([self._by_size[size].value, self._count(size), 1])
+                while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                    v, w, k = blocks.pop()
+                    prev = blocks[-1]
+                    prev[0] = (prev[0] * prev[1] + v * w) / (prev[1] + w)
+                    prev[1] += w
+                    prev[2] += k
+            values = [v for v, _, k in blocks for _ in range(k)]
+            self._fit = dict(zip(self._sizes, values))
+        return self._fit[n]
 
     @property
     def measured(self) -> bool:
@@ -108,7 +132,8 @@ class DraftCost:
     sat out, or its prompt). One-sequence calls cannot tell per call from per sequence, nor a position
     from a token: a weighted ridge reads them the way the drafter runs (`batched`: per call and
     position; else per sequence and token) until other shapes tell. Before any call, `prior` seconds
-    per draft token (per position, batched)."""
+    per draft token (per position, batched). A call that stalled (a busy host) counts as `SPIKE` times
+    its prediction: it moves the fit, but does not hold it up for the next thirty calls."""
 
     def __init__(self, batched: bool = False, decay: float = 0.97, ridge: float = 1e-6):
         self.batched = batched
@@ -122,11 +147,21 @@ class DraftCost:
     def record(self, num_seqs: int, num_tokens: int, catch_up: int, seconds: float,
                positions: int | None = None) -> None:
         x = np.array([1, _positions(num_seqs, num_tokens, positions), num_seqs, num_tokens, catch_up], np.float64)
+        if self._coef is not None and self._coef @ x > 0:
+            seconds = min(seconds, SPIKE * float(self._coef @ x))
         self._xx = self.decay * self._xx + np.outer(x, x)
         self._xy = self.decay * self._xy + x * seconds
         scale = np.trace(self._xx) / 5
-        coef = np.linalg.solve(self._xx + scale * np.diag(self._penalty), self._xy)
-        self._coef = np.clip(coef, 0.0, None)
+        a, y = self._xx + scale * np.diag(self._penalty), self._xy
+        free = np.ones(5, bool)  # no cost is negative: a term fitted below 0 is held at 0 and the rest refitted
+        coef = np.zeros(5)
+        while free.any():
+            coef[:] = 0.0
+            coef[free] = np.linalg.solve(a[np.ix_(free, free)], y[free])
+            if (coef >= 0).all():
+                break
+            free &= coef > 0
+        self._coef = coef
 
     @property
     def measured(self) -> bool:

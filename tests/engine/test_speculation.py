@@ -7,6 +7,7 @@ from orchestrator.engine.speculation import (
     Acceptance,
     Candidate,
     CostModel,
+    DraftCost,
     KPolicy,
     VerifyCurve,
     scheduled_k,
@@ -234,13 +235,69 @@ def test_lookahead_finds_drafts_that_pay_only_together():
     assert plan.expected_s == pytest.approx(1.78, rel=1e-3)
 
 
-def test_a_dip_in_the_measured_verify_curve_does_not_make_tokens_look_free_or_dear():
-    """Measured V(8) = 0.2 s below V(4) = 0.3 s (noise): sizes read the running maximum, so V(8) =
-    0.3 and V(6) = 0.3, and the next token after 4 does not look 0.05 s cheaper than free."""
-    curve = VerifyCurve()
+def test_a_dip_in_the_measured_verify_curve_is_pooled_with_its_neighbour():
+    """Measured V(8) = 0.2 s below V(4) = 0.3 s (noise), each once: the isotonic fit pools them at
+    0.25, so V(6) = 0.25 and the token after 4 does not look free; V(12) interpolates to V(16)."""
+    curve = VerifyCurve(decay=1.0)
     for n, seconds in ((1, 0.1), (4, 0.3), (8, 0.2), (16, 0.5)):
         curve.record(n, seconds)
-    assert [curve(n) for n in (4, 6, 8, 12)] == pytest.approx([0.3, 0.3, 0.3, 0.4])
+    assert [curve(n) for n in (4, 6, 8, 12)] == pytest.approx([0.25, 0.25, 0.25, 0.375])
+
+
+def test_a_spike_at_a_size_seen_once_is_outweighed_by_well_measured_larger_sizes():
+    """Size 3 spiked once at 0.5 s; sizes 4 and 5 were measured 9 times each at 0.12 s. The running
+    maximum would have held 0.5 s for every size from 3 on (and the plan would never draft two again
+    to correct it); pooled by weight, V(3) = V(4) = V(5) = (0.5 + 18 x 0.12) / 19."""
+    curve = VerifyCurve(decay=1.0)
+    curve.record(1, 0.1)
+    curve.record(3, 0.5)
+    for _ in range(9):
+        curve.record(4, 0.12)
+        curve.record(5, 0.12)
+    pooled = (0.5 + 18 * 0.12) / 19
+    assert [curve(n) for n in (1, 3, 4, 5)] == pytest.approx([0.1, pooled, pooled, pooled])
+
+
+def test_an_old_measurement_weighs_less_than_a_fresh_one():
+    """Same spike, but 300 records ago: its weight 0.99^300 = 0.049 against one fresh sample at 4."""
+    curve = VerifyCurve(decay=0.99)
+    curve.record(3, 0.5)
+    for _ in range(299):
+        curve.record(1, 0.1)
+    curve.record(4, 0.12)
+    w = 0.99 ** 300
+    assert curve(3) == pytest.approx((0.5 * w + 0.12) / (w + 1))
+
+
+def test_one_stalled_forward_does_not_move_a_measured_size():
+    """Five forwards over 3 tokens, one stalled at 1 s: the size reads the median, 0.07 s."""
+    curve = VerifyCurve()
+    for seconds in (0.07, 0.069, 1.0, 0.071, 0.07):
+        curve.record(3, seconds)
+    assert curve(3) == pytest.approx(0.07)
+
+
+def test_a_stalled_drafter_call_counts_as_three_times_its_prediction():
+    """Calls of two positions took 0.02 s; one stalled at 2 s. It counts as 0.06 s (3x the prediction),
+    so the next prediction stays within 0.01 s of 0.02 s; unclipped, the fit would read about 0.14 s."""
+    cost = DraftCost(batched=True)
+    for _ in range(20):
+        cost.record(1, 2, 0, 0.02, positions=2)
+    cost.record(1, 2, 0, 2.0, positions=2)
+    assert 0.02 < cost(1, 2, 0, 0.0, positions=2) < 0.03
+
+
+def test_draft_cost_holds_a_term_at_zero_and_refits_the_rest():
+    """One-sequence calls at 1, 2 and 3 positions took 0.016, 0.04 and 0.06 s: the least-squares line
+    t = o + a x positions has o = -0.0053 s, a = 0.022 s. No cost is negative, so o is held at 0 and
+    a refitted through the origin: sum(k t) / sum(k^2) = 0.276 / 14 s per position. Clipping o
+    afterwards and keeping a = 0.022 would predict two positions at 0.044 s, 12% dear."""
+    cost = DraftCost(batched=True)
+    for _ in range(5):
+        for k, seconds in ((1, 0.016), (2, 0.04), (3, 0.06)):
+            cost.record(1, k, 0, seconds, positions=k)
+    assert cost(1, 2, 0, 0.0, positions=2) == pytest.approx(2 * 0.276 / 14, rel=1e-3)
+    assert cost(1, 1, 0, 0.0, positions=1) == pytest.approx(0.276 / 14, rel=1e-3)
 
 
 def test_break_even_averages_the_plans_draft_time_over_its_drafts():
