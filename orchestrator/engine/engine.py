@@ -260,8 +260,11 @@ class Engine:
         stats.record(num_draft, num_accepted, num_committed)
         k = self._expected.ks.get(seq.seq_id, 0)
         stats.steps_per_k[k] = stats.steps_per_k.get(k, 0) + 1
-        stats.expected_committed += self.policy.cost.expected_tokens(seq.acceptance, num_draft)
-        self.policy.cost.record_verify(seq.acceptance, num_draft, num_accepted)
+        # for the cost model a planned draft the drafter declined (early stop, no n-gram match) counts as
+        # judged and rejected: its rates are P(drafted and accepted), what a plan of k drafts commits
+        planned = num_draft if draft.unavailable else max(num_draft, k)
+        stats.expected_committed += self.policy.cost.expected_tokens(seq.acceptance, planned)
+        self.policy.cost.record_verify(seq.acceptance, planned, num_accepted)
         if draft.confidence and seq.params.greedy:
             self.policy.cost.record_confidence(draft.confidence, num_accepted)
         # the drafter cached its accepted drafts: only the recovered/bonus token is new to it

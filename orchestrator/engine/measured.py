@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 PRIOR_VERIFY_SLOPE = 0.05  # unmeasured V(n) = V(1) * (1 + slope * (n - 1))
-SPIKE = 3.0  # a drafter call over this many times its prediction counts as this many times
 
 
 class Recent:
@@ -132,8 +131,10 @@ class DraftCost:
     sat out, or its prompt). One-sequence calls cannot tell per call from per sequence, nor a position
     from a token: a weighted ridge reads them the way the drafter runs (`batched`: per call and
     position; else per sequence and token) until other shapes tell. Before any call, `prior` seconds
-    per draft token (per position, batched). A call that stalled (a busy host) counts as `SPIKE` times
-    its prediction: it moves the fit, but does not hold it up for the next thirty calls."""
+    per draft token (per position, batched). The fit minimises relative error (each call weighted by
+    1 / seconds^2): a sequence's first draft, catching up its whole prompt, takes seconds where a
+    step's drafts take milliseconds, and in absolute terms would decide the fit alone. A call that
+    stalled (a busy host) weighs as little, so it barely moves the fit."""
 
     def __init__(self, batched: bool = False, decay: float = 0.97, ridge: float = 1e-6):
         self.batched = batched
@@ -147,10 +148,9 @@ class DraftCost:
     def record(self, num_seqs: int, num_tokens: int, catch_up: int, seconds: float,
                positions: int | None = None) -> None:
         x = np.array([1, _positions(num_seqs, num_tokens, positions), num_seqs, num_tokens, catch_up], np.float64)
-        if self._coef is not None and self._coef @ x > 0:
-            seconds = min(seconds, SPIKE * float(self._coef @ x))
-        self._xx = self.decay * self._xx + np.outer(x, x)
-        self._xy = self.decay * self._xy + x * seconds
+        w = 1.0 / max(seconds, 1e-5) ** 2
+        self._xx = self.decay * self._xx + w * np.outer(x, x)
+        self._xy = self.decay * self._xy + w * x * seconds
         scale = np.trace(self._xx) / 5
         a, y = self._xx + scale * np.diag(self._penalty), self._xy
         free = np.ones(5, bool)  # no cost is negative: a term fitted below 0 is held at 0 and the rest refitted
