@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from orchestrator.config import DrafterConfig, EngineConfig, RemoteDrafterConfig
+from orchestrator.acceptance_policy import AcceptancePolicy
+from orchestrator.config import CombinedDrafterConfig, DrafterConfig, EngineConfig, RemoteDrafterConfig
 from orchestrator.drafters import LOCAL_DRAFTERS, Builder, DrafterContext
+from orchestrator.drafters.combined import CombinedDrafter
 from orchestrator.engine import Drafter, Engine
 from orchestrator.errors import HetspecError
 from orchestrator.models import Checkpoint, TargetRunner, eos_token_ids, load_tokenizer, resolve
@@ -23,7 +25,9 @@ from orchestrator.server.remote_drafter import build_remote_drafter
 from orchestrator.tracing import Tracer
 from protocol import StagingPool
 
-DRAFTERS: dict[type, Builder] = {**LOCAL_DRAFTERS, RemoteDrafterConfig: build_remote_drafter}
+DRAFTERS: dict[type, Builder] = {**LOCAL_DRAFTERS, RemoteDrafterConfig: build_remote_drafter,
+                                 CombinedDrafterConfig: lambda c, ctx: CombinedDrafter([build_drafter(d, ctx)
+                                                                                       for d in c.drafters])}
 
 
 @dataclass
@@ -40,7 +44,7 @@ class Assembly:
     staging: StagingPool
 
     def engine(self, num_speculative_tokens: int | None = None, max_num_seqs: int | None = None,
-               k_policy: str | None = None) -> Engine:
+               k_policy: str | None = None, acceptance: AcceptancePolicy | None = None) -> Engine:
         """An engine over these parts; k = 0 gives a target-only engine over the same target."""
         c = self.config
         k = c.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
@@ -48,7 +52,7 @@ class Assembly:
                       max_num_seqs=max_num_seqs or c.max_num_seqs, eos_token_ids=self.eos_token_ids,
                       k_policy=k_policy or c.k_policy, preemption=c.preemption, tracer=self.tracer,
                       staging=self.staging, disable_by_batch_size=c.disable_by_batch_size,
-                      draft_len_schedule=c.draft_len_schedule)
+                      draft_len_schedule=c.draft_len_schedule, acceptance=acceptance or c.acceptance)
 
 
 def assemble(config: EngineConfig, tracer: Tracer | None = None, progress: bool = True) -> Assembly:

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Union
 
+from orchestrator.acceptance_policy import AcceptancePolicy
 from orchestrator.errors import InvalidRequestError
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -44,6 +45,8 @@ class SamplingParams:
     ignore_eos: bool = False  # keep going past EOS (benchmarks, fixed-length tests)
     speculate: bool = True
     num_speculative_tokens: int | None = None  # None = the engine's k
+    acceptance: str | None = None  # acceptance policy; None = the engine's (see acceptance_policy)
+    acceptance_options: tuple[tuple[str, float], ...] = ()
 
     def validate(self, max_new_tokens_limit: int = 1 << 16) -> None:
         """Every field checked, each error naming the field as the gRPC request spells it."""
@@ -61,6 +64,21 @@ class SamplingParams:
         if k is not None and not 0 <= k <= MAX_SPECULATIVE_TOKENS:
             raise InvalidRequestError(f"num_speculative_tokens: must be in [0, {MAX_SPECULATIVE_TOKENS}], "
                                       f"got {k}", "num_speculative_tokens")
+        if self.acceptance is not None or self.acceptance_options:
+            self.policy(AcceptancePolicy())
+
+    def policy(self, default: "AcceptancePolicy") -> "AcceptancePolicy":
+        """The request's acceptance policy: the engine's `default` unless it names one. Lossy policies
+        judge greedy requests only: a sampled request naming one is refused; under a lossy default it
+        takes rejection sampling."""
+        if self.acceptance is None and not self.acceptance_options:
+            return default if self.greedy or not default.lossy else AcceptancePolicy()
+        name = default.name if self.acceptance is None else self.acceptance
+        policy = AcceptancePolicy.parse(name, dict(self.acceptance_options), "acceptance", "acceptance_options")
+        if policy.lossy and not self.greedy:
+            raise InvalidRequestError(f"acceptance: {policy.name} is lossy and judges greedy requests only "
+                                      f"(temperature 0); sampled requests take rejection or strict", "acceptance")
+        return policy
 
     @property
     def greedy(self) -> bool:
@@ -119,7 +137,18 @@ class RemoteDrafterConfig:
     kv_handoff: bool = False  # open sequences with the target's prefill K/V (a remote self-drafter)
 
 
-DrafterConfig = Union[OnnxDrafterConfig, TorchDrafterConfig, NgramDrafterConfig, RemoteDrafterConfig]
+@dataclass(frozen=True)
+class CombinedDrafterConfig:
+    """Several drafters at once, asked in order, each sequence keeping the draft expected to commit the
+    most (`combine: confidence`; `orchestrator.drafters.combined`)."""
+
+    kind: ClassVar[str] = "combined"
+    drafters: tuple = ()  # the drafters' configs, cheapest first
+    combine: str = "confidence"
+
+
+DrafterConfig = Union[OnnxDrafterConfig, TorchDrafterConfig, NgramDrafterConfig, RemoteDrafterConfig,
+                      CombinedDrafterConfig]
 
 
 @dataclass(frozen=True)
@@ -149,6 +178,7 @@ class EngineConfig:
     # a preempted sequence's K/V: swapped to host, recomputed, or whichever is estimated cheaper
     preemption: str = "auto"  # "auto" | "swap" | "recompute"
     drafter: DrafterConfig | None = field(default_factory=OnnxDrafterConfig)  # None = target only
+    acceptance: AcceptancePolicy = AcceptancePolicy()  # requests naming no policy are verified by this one
     transport: TransportConfig = field(default_factory=TransportConfig)
 
     @property

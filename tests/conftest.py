@@ -59,6 +59,17 @@ def smollm2_tokenizer(smollm2):
     return load_tokenizer(smollm2)
 
 
+@pytest.fixture(scope="module")
+def onnx_drafter(smollm2):
+    """SmolLM2-135M's INT4 ONNX self-drafter (exported once into the user cache)."""
+    from orchestrator.drafters.onnx_drafter import OnnxDrafter
+    from orchestrator.models import ExportOptions, export_drafter
+
+    drafter = OnnxDrafter(export_drafter(smollm2, ExportOptions(precision="int4"), progress=False))
+    yield drafter
+    drafter.close()
+
+
 @pytest.fixture(scope="session")
 def smollm2_hf(smollm2):
     from transformers import AutoModelForCausalLM

@@ -12,7 +12,7 @@ import os
 import sys
 
 from orchestrator.cli import client, devices, drafter, export, generate, profile, serve
-from orchestrator.cli.common import Parser
+from orchestrator.cli.common import Parser, UsageError
 from orchestrator.errors import HetspecError
 
 
@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_transformers()
     try:
         return args.func(args)
+    except UsageError as e:
+        print(f"hetspec {args.command}: error: {e}", file=sys.stderr)
+        return 2
     except HetspecError as e:
         print(f"hetspec: error: {e}", file=sys.stderr)
         return 1

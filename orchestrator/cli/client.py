@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
                              key_file=args.key_file, token=token_from_env(args.token_env, "--token-env"))
     request = dict(raw=args.raw, max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_k=p.top_k,
                    top_p=p.top_p, seed=p.seed, stop=p.stop, speculate=p.speculate,
-                   num_speculative_tokens=p.num_speculative_tokens)
+                   num_speculative_tokens=p.num_speculative_tokens, acceptance=p.acceptance,
+                   acceptance_options=dict(p.acceptance_options))
     address = f"{args.host}:{args.port}"
 
     def stream(delta) -> None:

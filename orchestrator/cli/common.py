@@ -6,10 +6,15 @@ import signal
 import sys
 import threading
 
+from orchestrator.acceptance_policy import LOSSLESS, POLICIES, parse_option_pairs
 from orchestrator.config import MAX_SPECULATIVE_TOKENS, SamplingParams
-from orchestrator.errors import HetspecError
+from orchestrator.errors import HetspecError, InvalidRequestError
 
 PRECISIONS = ("int4", "int8", "fp32")
+
+
+class UsageError(HetspecError):
+    """A bad flag found after parsing (a policy option, say): exit 2, like argparse's own."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -59,6 +64,11 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", "--num-speculative-tokens", type=k_value, default=None, metavar="auto|N",
                    help="draft length: auto (a cost model picks each sequence's k every step, 0 where "
                         "speculation does not pay) or a fixed N (default: the profile's, auto)")
+    lossy = ", ".join(x for x in POLICIES if x not in LOSSLESS)
+    p.add_argument("--acceptance", choices=POLICIES, default=None,
+                   help=f"acceptance policy (default: the profile's, rejection: lossless). LOSSY, greedy only: {lossy}")
+    p.add_argument("--acceptance-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the acceptance policy, e.g. delta=0.15 or budget=0.05 (repeatable)")
     p.add_argument("--max-new-tokens", type=positive, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -74,10 +84,17 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
     if not args.prompt.strip():
         raise HetspecError("prompt is empty")
     k = args.num_speculative_tokens
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), speculate=not args.no_spec,
-                            num_speculative_tokens=None if k == "auto" else k)  # a request's cap
-    params.validate()
+    try:
+        options = tuple(sorted(parse_option_pairs(args.acceptance_option).items()))
+        params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), speculate=not args.no_spec,
+                                num_speculative_tokens=None if k == "auto" else k,  # a request's cap
+                                acceptance=args.acceptance, acceptance_options=options)
+        params.validate()
+    except InvalidRequestError as e:
+        if (e.field or "").startswith(("acceptance", "--acceptance")):
+            raise UsageError(str(e).replace("acceptance_options.", "--acceptance-option ")) from None
+        raise
     return params
 
 
@@ -98,6 +115,10 @@ def summary_line(result: dict) -> str:
         per_pos = " ".join(f"{a:.2f}" for a in s["acceptance_per_position"])
         line += (f" | drafter {s['drafter']} k={s['k']}: accepted {s['num_accepted']}/{s['num_drafted']}, "
                  f"mean accepted length {s['mean_accepted_length']:.2f}, per position [{per_pos}]")
+    if s.get("lossy"):
+        spent = s.get("budget_exhausted_at", -1)
+        line += (f" | acceptance {s['acceptance']} (LOSSY): {s['tokens_differing']} tokens the target would not "
+                 f"have chosen" + (f", budget spent at token {spent}" if spent >= 0 else ""))
     return line
 
 

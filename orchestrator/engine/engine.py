@@ -6,18 +6,18 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
+from orchestrator.acceptance_policy import AcceptancePolicy
 from orchestrator.config import SamplingParams
+from orchestrator.engine.acceptance import verify_request
 from orchestrator.engine.detok import TextStream
 from orchestrator.engine.drafter import Drafter, DraftProposal, DraftRequest
 from orchestrator.engine.preemption import PreemptionPolicy
-from orchestrator.engine.sampling import logits_to_probs
 from orchestrator.engine.scheduler import Scheduler
 from orchestrator.engine.sequence import Sequence, Status
 from orchestrator.engine.speculation import Candidate, KPolicy, Plan, next_draft_len
 from orchestrator.engine.swap import HostKv, swap_in, swap_out
-from orchestrator.engine.verify import VerifyResult, greedy_verify, rejection_verify
+from orchestrator.engine.verify import VerifyResult
 from orchestrator.errors import InvalidRequestError
 from orchestrator.models import TargetRunner
 from orchestrator.tracing import HOST_TRACK, Tracer, drafter_track, target_track
@@ -41,15 +41,18 @@ class Engine:
     `k_policy` chooses each sequence's draft length every step (`speculation.KPolicy`: auto, fixed,
     adaptive), `num_speculative_tokens` being the fixed k or the most it may choose; `tracer` records
     every phase as spans (off unless a profiling run or metrics want them); `staging` holds the host
-    buffers a preempted sequence's K/V is swapped into.
+    buffers a preempted sequence's K/V is swapped into; `acceptance` is the verify policy of requests
+    that name none (`acceptance_policy`).
     """
 
     def __init__(self, target: TargetRunner, tokenizer, drafter: Drafter | None = None,
                  num_speculative_tokens: int = 4, max_num_seqs: int = 16,
                  eos_token_ids: tuple[int, ...] = (), k_policy: str = "fixed", preemption: str = "auto",
                  tracer: Tracer | None = None, staging: StagingPool | None = None,
-                 disable_by_batch_size: int | None = None, draft_len_schedule: tuple[tuple[int, int], ...] = ()):
+                 disable_by_batch_size: int | None = None, draft_len_schedule: tuple[tuple[int, int], ...] = (),
+                 acceptance: AcceptancePolicy = AcceptancePolicy()):
         self.target = target
+        self.acceptance = acceptance
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.k = num_speculative_tokens if drafter is not None else 0
@@ -93,7 +96,9 @@ class Engine:
         k = self.k if params.speculate else 0
         if params.num_speculative_tokens is not None:  # a request may draft less, never more
             k = min(k, params.num_speculative_tokens)
-        seq = Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), params=params, k=k, draft_len=k)
+        seq = Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), params=params, k=k, draft_len=k,
+                       policy=params.policy(self.acceptance))
+        seq.stats.acceptance, seq.stats.lossy = seq.policy.name, seq.policy.lossy
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
         self.sequences[seq.seq_id] = seq
@@ -221,15 +226,17 @@ class Engine:
         # logits: [num_draft + 1, vocab]
         n = len(draft.draft_ids)
         draft_ids = torch.tensor([draft.draft_ids], dtype=torch.long).view(1, n)
-        num_draft = torch.tensor([n], dtype=torch.long)
-        p = seq.params
-        if p.greedy:
-            return greedy_verify(draft_ids, num_draft, logits[None])
-        target_probs = logits_to_probs(logits[None], p.temperature, p.top_k, p.top_p)  # [1, n + 1, vocab]
+        p, policy, stats, allowance = seq.params, seq.policy, seq.stats, 0
+        if policy.lossy:  # the quality budget: tokens the target would not have chosen, per request
+            allowance = int(policy.budget * p.max_new_tokens) - stats.tokens_differing
+            if allowance <= 0 and stats.budget_exhausted_at < 0:
+                stats.budget_exhausted_at = len(seq.output_ids)
         q = None if draft.draft_probs is None else draft.draft_probs[None]  # [1, n, drafter vocab]
-        if q is not None and q.shape[-1] < target_probs.shape[-1]:  # a drafter with a padded-off vocabulary
-            q = F.pad(q, (0, target_probs.shape[-1] - q.shape[-1]))
-        return rejection_verify(draft_ids, num_draft, q, target_probs, seq.generator)
+        result, differing, gap = verify_request(policy, draft_ids, logits[None], p.temperature, p.top_k, p.top_p,
+                                                q, seq.generator, len(seq.output_ids), allowance)
+        stats.tokens_differing += differing
+        stats.prob_gap += gap
+        return result
 
     # ---- commit and emit -------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from orchestrator.acceptance_policy import AcceptancePolicy
 from orchestrator.config import SamplingParams
 from orchestrator.engine.measured import Acceptance
 
@@ -32,6 +33,11 @@ class SpecStats:
     num_fallback_steps: int = 0  # steps run target-only because the drafter was unavailable
     steps_per_k: dict[int, int] = field(default_factory=dict)  # chosen k -> verify steps with it (0 included)
     expected_committed: float = 0.0  # what the k policy's model expected these steps to commit
+    acceptance: str = "rejection"  # the acceptance policy that verified
+    lossy: bool = False
+    tokens_differing: int = 0  # committed tokens the target would not have chosen
+    prob_gap: float = 0.0  # sum over them of p(target's argmax) - p(committed token)
+    budget_exhausted_at: int = -1  # output index from which the quality budget forced lossless
 
     def record(self, num_draft: int, num_accepted: int, num_committed: int) -> None:
         grow = num_draft - len(self.drafted_per_position)
@@ -70,6 +76,11 @@ class SpecStats:
             "num_fallback_steps": self.num_fallback_steps,
             "steps_per_k": {str(k): n for k, n in sorted(self.steps_per_k.items())},
             "expected_committed": self.expected_committed,
+            "acceptance": self.acceptance,
+            "lossy": self.lossy,
+            "tokens_differing": self.tokens_differing,
+            "drift_prob_gap": self.prob_gap / self.num_committed if self.num_committed else 0.0,
+            "budget_exhausted_at": self.budget_exhausted_at,
         }
 
 
@@ -89,6 +100,7 @@ class Sequence:
     finish_reason: str | None = None
     stats: SpecStats = field(default_factory=SpecStats)
     generator: torch.Generator | None = None
+    policy: AcceptancePolicy = field(default_factory=AcceptancePolicy)  # how its drafts are verified
     arrival_s: float = field(default_factory=time.perf_counter)
     first_token_s: float | None = None
     finish_s: float | None = None

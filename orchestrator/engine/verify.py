@@ -38,9 +38,27 @@ def greedy_verify(
     k = _check_drafts(draft_ids, num_draft)
     _check_scores("target_logits", target_logits, draft_ids.shape[0], k + 1)
     _check_draft_values(draft_ids, num_draft, target_logits.shape[-1])
-    target_ids = target_logits.argmax(dim=-1)  # [num_seqs, k + 1]
+    return match_verify(draft_ids, num_draft, target_logits.argmax(dim=-1))
+
+
+def match_verify(
+    draft_ids: torch.Tensor,  # [num_seqs, k] int64
+    num_draft: torch.Tensor,  # [num_seqs] int64
+    target_ids: torch.Tensor,  # [num_seqs, k + 1] the target's own token at each position
+) -> VerifyResult:
+    """Accept drafts while they equal the target's own tokens (its argmax, or its samples: `strict`)."""
+    k = draft_ids.shape[1]
     num_accepted = _accepted_prefix(draft_ids == target_ids[:, :k], num_draft)  # [num_seqs]
-    # the target's own token at the first unaccepted position: recovered, or bonus at num_draft
+    return accept_prefix(draft_ids, num_accepted, target_ids)
+
+
+def accept_prefix(
+    draft_ids: torch.Tensor,  # [num_seqs, k]
+    num_accepted: torch.Tensor,  # [num_seqs] drafts kept (by whatever policy)
+    target_ids: torch.Tensor,  # [num_seqs, k + 1]
+) -> VerifyResult:
+    """Commit each row's first num_accepted drafts, then the target's own token at the first unaccepted
+    position: recovered, or bonus at num_draft."""
     next_ids = target_ids.gather(1, num_accepted[:, None]).squeeze(1)  # [num_seqs]
     return _commit(draft_ids, num_accepted, next_ids)
 

@@ -85,13 +85,32 @@ def _headline(run: dict) -> list[str]:
     return lines
 
 
+def _verification(run: dict) -> list[str]:
+    """The acceptance policy the speculating sides ran; a lossy one is said so, with its drift."""
+    reqs = [r["stats"] for side in run["sides"] if side["k"] for r in side["requests"]]
+    policies = sorted({(s.get("acceptance", "rejection"), bool(s.get("lossy"))) for s in reqs})
+    if not policies:
+        return []
+    lines = []
+    for name, lossy in policies:
+        if not lossy:
+            lines.append(f"Acceptance policy: {name} (lossless: the output is the target's own).")
+            continue
+        mine = [s for s in reqs if s.get("acceptance") == name]
+        differing = sum(s.get("tokens_differing", 0) for s in mine)
+        lines.append(f"Acceptance policy: **{name} (LOSSY)**: {differing} committed tokens the target would not "
+                     f"have chosen, over {len(mine)} requests; the quality budget ran out in "
+                     f"{sum(s.get('budget_exhausted_at', -1) >= 0 for s in mine)}.")
+    return [*lines, ""]
+
+
 def render_report(run: dict) -> str:
     env, wl = run["environment"], run["workload"]
     lines = [f"# Profiling run: profile `{run['profile']['name']}`, workload `{wl['name']}`", "",
              f"{wl['num_prompts']} prompts × {wl['max_new_tokens']} new tokens, sides interleaved prompt by prompt; "
              f"{run['created']}; torch {env['torch']} ({env['torch_threads']} threads), onnxruntime "
              f"{env['onnxruntime']}, {env['cpu_count']} CPUs, commit {env['git_commit']}. Schema `{run['schema']}`.",
-             "", *_headline(run), "", "## Throughput and latency", "", *_throughput(run), "",
+             "", *_headline(run), "", *_verification(run), "## Throughput and latency", "", *_throughput(run), "",
              "## Acceptance and the bound", "", *_acceptance(run), ""]
     for side in run["sides"]:
         lines += [f"## Phases: {side['name']}", "", *_phases(side), ""]

@@ -6,7 +6,7 @@ from devices import device_info
 from orchestrator.errors import HetspecError
 from orchestrator.models import resolve
 from orchestrator.profiles.memory import MemoryItem, drafter_items, per_device, target_items
-from orchestrator.profiles.plan import VERIFICATION, Plan, fallback_order
+from orchestrator.profiles.plan import Plan, fallback_order
 
 
 def check_profile(profile) -> dict:
@@ -23,7 +23,8 @@ def check_profile(profile) -> dict:
             "speculation": {"num_speculative_tokens": profile.speculation.num_speculative_tokens,
                             "k_policy": profile.speculation.k_and_policy()[1],
                             "max_speculative_tokens": profile.speculation.k_and_policy()[0],
-                            "verification": VERIFICATION},
+                            "verification": profile.speculation.verification.describe(),
+                            "lossy": profile.speculation.verification.lossy},
             "memory": [asdict(i) for i in items], "devices": devices}
 
 
@@ -37,6 +38,12 @@ def _target(plan: Plan) -> dict:
 
 def _drafter(plan: Plan) -> dict | None:
     p = plan.profile
+    if p.speculation.drafters and p.speculation.num_speculative_tokens != 0:
+        return {"wanted": list(p.speculation.drafters), "runs": plan.combined or None,
+                "combine": p.speculation.combine,
+                "order": [{"name": n, "kind": p.drafters[n].kind, "what": p.drafters[n].describe()}
+                          for n in p.speculation.drafters],
+                "skipped": [{"name": n, "reason": why} for n, why in plan.drafter_skipped]}
     if p.speculation.drafter is None or p.speculation.num_speculative_tokens == 0:
         return None
     chain = fallback_order(p.drafters, p.speculation.drafter)
@@ -55,7 +62,7 @@ def _memory(plan: Plan) -> tuple[list[MemoryItem], str]:
         items = target_items(ckpt, placement.device, placement.dtype, p.target.kv.max_tokens,
                              p.target.kv.block_size)
         name = plan.drafter or (p.speculation.drafter if p.speculation.num_speculative_tokens else None)
-        if name is not None:
+        for name in plan.combined or ([name] if name is not None else []):
             items += drafter_items(name, p.drafters[name].drafter_config(), ckpt, p.target.kv.max_tokens,
                                    p.target.kv.block_size)
     except HetspecError as e:

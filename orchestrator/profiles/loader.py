@@ -112,13 +112,17 @@ def _message(err: dict) -> str:
 
 
 def _check_references(profile: Profile, source: str) -> None:
-    """speculation.drafter and every fallback name a defined drafter; fallbacks have no loops."""
+    """speculation.drafter(s) and every fallback name a defined drafter; fallbacks have no loops."""
     names = set(profile.drafters)
     known = ", ".join(sorted(names)) or "none defined"
     chosen = profile.speculation.drafter
     if chosen is not None and chosen not in names:
         raise ProfileError(f"profile {source}: speculation.drafter: unknown drafter {chosen!r} "
                            f"(drafters: {known})")
+    for i, name in enumerate(profile.speculation.drafters):
+        if name not in names:
+            raise ProfileError(f"profile {source}: speculation.drafters.{i}: unknown drafter {name!r} "
+                               f"(drafters: {known})")
     for name, spec in profile.drafters.items():
         for i, other in enumerate(spec.fallback):
             if other not in names:

@@ -93,10 +93,10 @@ def _with_placement(profile: Profile, given: Overrides) -> Profile:
         target = target.model_copy(update={"model": given.model})
     speculation, drafters = profile.speculation, profile.drafters
     if given.no_spec:
-        speculation = speculation.model_copy(update={"drafter": None})
+        speculation = speculation.model_copy(update={"drafter": None, "drafters": []})
     elif given.drafter is not None and not _primary_is(profile, given.drafter):
         drafters = {**drafters, CLI_DRAFTER: _CLI_DRAFTERS[given.drafter](kind=given.drafter)}
-        speculation = SpeculationSpec(**{**speculation.model_dump(), "drafter": CLI_DRAFTER})
+        speculation = SpeculationSpec(**{**speculation.model_dump(), "drafter": CLI_DRAFTER, "drafters": []})
     return profile.model_copy(update={"target": target, "drafters": drafters, "speculation": speculation})
 
 

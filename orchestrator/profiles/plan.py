@@ -9,13 +9,11 @@ import logging
 from dataclasses import dataclass, field
 
 from devices import device_info, device_unavailable_reason
-from orchestrator.config import EngineConfig
+from orchestrator.config import CombinedDrafterConfig, EngineConfig
 from orchestrator.errors import ProfileError
 from orchestrator.profiles.schema import Placement
 
 log = logging.getLogger("hetspec.profiles")
-
-VERIFICATION = "exact: greedy match at temperature 0, rejection sampling above (lossless)"
 
 
 @dataclass
@@ -25,6 +23,7 @@ class Plan:
     target_skipped: list[tuple[Placement, str]] = field(default_factory=list)  # (placement, why not)
     drafter: str | None = None  # drafter name that runs; None = target only (or none can run)
     drafter_skipped: list[tuple[str, str]] = field(default_factory=list)  # (drafter name, why not)
+    combined: list[str] = field(default_factory=list)  # `speculation.drafters`: the names that run, in order
     problems: list[str] = field(default_factory=list)  # why it cannot run here; [] = it can
 
     @property
@@ -53,12 +52,18 @@ class Plan:
         p = self.profile
         s = p.speculation
         k, policy = s.k_and_policy()
-        drafter = None if self.drafter is None else p.drafters[self.drafter].drafter_config()
+        if self.drafter is None:
+            drafter = None
+        elif self.combined:
+            drafter = CombinedDrafterConfig(tuple(p.drafters[n].drafter_config() for n in self.combined), s.combine)
+        else:
+            drafter = p.drafters[self.drafter].drafter_config()
         return EngineConfig(model=p.target.model, device=self.target.device, dtype=self.target.dtype,
                             kv_block_size=p.target.kv.block_size, max_kv_tokens=p.target.kv.max_tokens,
                             max_num_seqs=p.target.max_num_seqs, num_speculative_tokens=k if drafter else 0,
                             k_policy=policy, disable_by_batch_size=s.disable_by_batch_size,
                             draft_len_schedule=tuple(sorted(s.draft_len_schedule.items())), drafter=drafter,
+                            acceptance=s.verification,
                             transport=p.transport.transport_config())
 
 
@@ -66,8 +71,14 @@ def resolve_plan(profile) -> Plan:
     """Probe the devices each choice needs, in declared order, and pick the first that runs."""
     plan = Plan(profile=profile, target=None)
     _place_target(plan)
-    if profile.speculation.drafter is not None and profile.speculation.num_speculative_tokens != 0:
-        _place_drafter(plan)
+    s = profile.speculation
+    if s.num_speculative_tokens != 0:
+        if s.drafters:
+            names = [_place_drafter(plan, name) for name in s.drafters]
+            if None not in names:
+                plan.combined, plan.drafter = names, names[-1]
+        elif s.drafter is not None:
+            plan.drafter = _place_drafter(plan, s.drafter)
     return plan
 
 
@@ -84,17 +95,19 @@ def _place_target(plan: Plan) -> None:
     plan.problems.append(f"target.device: {_nothing_runs(plan.target_skipped, 'target.fallback')}")
 
 
-def _place_drafter(plan: Plan) -> None:
+def _place_drafter(plan: Plan, first: str) -> str | None:
+    """The first of `first` and its fallbacks that can run here (None: a problem is recorded)."""
     drafters = plan.profile.drafters
-    first = plan.profile.speculation.drafter
+    skipped = []
     for name in fallback_order(drafters, first):
         why = drafters[name].unavailable_reason()
         if not why:
-            plan.drafter = name
-            return
-        plan.drafter_skipped.append((name, why))
-    plan.problems.append(f"drafters.{first}: "
-                         f"{_nothing_runs(plan.drafter_skipped, f'drafters.{first}.fallback')}")
+            plan.drafter_skipped += skipped
+            return name
+        skipped.append((name, why))
+    plan.drafter_skipped += skipped
+    plan.problems.append(f"drafters.{first}: {_nothing_runs(skipped, f'drafters.{first}.fallback')}")
+    return None
 
 
 def fallback_order(drafters: dict, name: str) -> list[str]:

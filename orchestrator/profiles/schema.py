@@ -7,9 +7,19 @@ probes a device, reads a file or the environment.
 import re
 from typing import Annotated, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    field_validator,
+    model_validator,
+)
 
 from devices import DeviceUnavailable, device_unavailable_reason, ort_placement, ort_unavailable_reason, parse_device
+from orchestrator.acceptance_policy import AcceptancePolicy
 from orchestrator.config import (
     AUTO_K_MAX,
     DTYPES,
@@ -210,6 +220,23 @@ def _k_or_auto(value):
 KOrAuto = Annotated[Union[int, str], PlainValidator(_k_or_auto)]
 
 
+def _verification(value) -> AcceptancePolicy:
+    """`speculation.verification`: "exact", a policy name, or a mapping with `policy` and its options."""
+    if isinstance(value, AcceptancePolicy):
+        return value
+    if isinstance(value, str):
+        name, options = ("rejection" if value == "exact" else value), {}
+    elif isinstance(value, dict) and isinstance(value.get("policy"), str):
+        options = dict(value)
+        name = options.pop("policy")
+    else:
+        raise ValueError(f"a policy name or {{policy: NAME, option: value}}, got {value!r}")
+    try:
+        return AcceptancePolicy.parse(name, options, "policy", "")
+    except ValueError as e:
+        raise ValueError(str(e)) from None
+
+
 class SpeculationSpec(Section):
     """Which drafter, how many tokens, how to verify. `drafter: null` = target only.
 
@@ -220,13 +247,28 @@ class SpeculationSpec(Section):
     """
 
     drafter: DrafterName | None = None
+    # several drafters at once instead of `drafter`, cheapest first; per sequence and step the draft
+    # expected to commit most is kept (`combine: confidence`)
+    drafters: list[DrafterName] = []
+    combine: Literal["confidence"] = "confidence"
     num_speculative_tokens: KOrAuto = "auto"  # k
     max_speculative_tokens: Annotated[int, Field(ge=1, le=MAX_SPECULATIVE_TOKENS)] = AUTO_K_MAX  # auto's cap
     adaptive_k: bool = False
     disable_by_batch_size: PositiveInt | None = None
     draft_len_schedule: dict[PositiveInt, SpecK] = {}
-    # Only lossless verification exists: greedy match at T=0, rejection sampling at T>0.
-    verification: Literal["exact"] = "exact"
+    # the acceptance policy of requests that name none: a name, or {policy: NAME, option: value, ...};
+    # "exact" = rejection (lossless). Lossy ones judge greedy requests only.
+    verification: Annotated[AcceptancePolicy, PlainValidator(_verification),
+                            PlainSerializer(lambda p: {"policy": p.name, **dict(p.options)})] = AcceptancePolicy()
+
+    @model_validator(mode="after")
+    def _one_drafter_or_several(self):
+        if self.drafters:
+            if self.drafter is not None:
+                raise ValueError("give drafter or drafters, not both")
+            if len(self.drafters) < 2 or len(set(self.drafters)) != len(self.drafters):
+                raise ValueError(f"drafters: at least two different drafters, got {self.drafters}")
+        return self
 
     @model_validator(mode="after")
     def _rules_need_a_fixed_k(self):

@@ -35,10 +35,12 @@ class GenerationClient:
                 max_new_tokens: int | None = None, temperature: float | None = None, top_k: int | None = None,
                 top_p: float | None = None, seed: int | None = None, stop: tuple[str, ...] = (),
                 speculate: bool | None = None, num_speculative_tokens: int | None = None,
-                ignore_eos: bool = False) -> pb.GenerateRequest:
+                ignore_eos: bool = False, acceptance: str | None = None,
+                acceptance_options: dict[str, float] | None = None) -> pb.GenerateRequest:
         fields = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                      speculate=speculate, num_speculative_tokens=num_speculative_tokens)
+                      speculate=speculate, num_speculative_tokens=num_speculative_tokens, acceptance=acceptance)
         req = pb.GenerateRequest(raw=raw, stop=list(stop), ignore_eos=ignore_eos,
+                                 acceptance_options=acceptance_options or {},
                                  **{k: v for k, v in fields.items() if v is not None})
         if token_ids is not None:
             req.token_ids.ids.extend(token_ids)

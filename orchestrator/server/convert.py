@@ -25,7 +25,8 @@ def sampling_params(request: pb.GenerateRequest, max_new_tokens_limit: int) -> S
         max_new_tokens=get("max_new_tokens", min(DEFAULT_MAX_NEW_TOKENS, max_new_tokens_limit)),
         temperature=get("temperature", 0.0), top_k=request.top_k, top_p=get("top_p", 1.0), seed=get("seed", None),
         stop=tuple(request.stop), ignore_eos=request.ignore_eos, speculate=get("speculate", True),
-        num_speculative_tokens=get("num_speculative_tokens", None))
+        num_speculative_tokens=get("num_speculative_tokens", None), acceptance=get("acceptance", None),
+        acceptance_options=tuple(sorted(request.acceptance_options.items())))
     params.validate(max_new_tokens_limit)
     return params
 
@@ -42,7 +43,8 @@ def final_to_pb(result: dict) -> pb.Final:
 def result_from_final(token_ids: list[int], text: str, final: pb.Final) -> dict:
     """The client's side of `final_to_pb`: the same JSON shape as `hetspec generate --json`."""
     stats = MessageToDict(final.stats, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-    for name in ("num_steps", "num_drafted", "num_accepted", "k", "num_fallback_steps", "num_preemptions"):
+    for name in ("num_steps", "num_drafted", "num_accepted", "k", "num_fallback_steps", "num_preemptions",
+                 "tokens_differing", "budget_exhausted_at"):
         stats[name] = int(stats.get(name, 0))
     stats["drafted_per_position"] = [int(x) for x in stats.get("drafted_per_position", [])]
     stats["steps_per_k"] = {k: int(n) for k, n in sorted(stats.get("steps_per_k", {}).items(), key=lambda kv: int(kv[0]))}

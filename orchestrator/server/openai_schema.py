@@ -4,12 +4,12 @@ Strict types (a string is not a number), ranges as OpenAI documents them, and un
 refused by name, so a typo never silently changes a generation. Parameters OpenAI has and hetspec
 does not implement are accepted only at their no-op values (`n: 1`, penalties 0, no logprobs).
 Extensions, as vLLM spells them: `top_k`, `ignore_eos`; hetspec's own: `speculate`,
-`num_speculative_tokens`.
+`num_speculative_tokens`, `acceptance` and `acceptance_options` (lossy policies: greedy requests only).
 """
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from orchestrator.config import SamplingParams
 from orchestrator.errors import InvalidRequestError
@@ -41,6 +41,8 @@ class _Sampling(BaseModel):
     ignore_eos: StrictBool = False
     speculate: StrictBool = True
     num_speculative_tokens: StrictInt | None = None
+    acceptance: StrictStr | None = None
+    acceptance_options: dict[StrictStr, StrictFloat | StrictInt] | None = None
 
     def sampling_params(self, max_tokens: int | None, default_max_tokens: int, limit: int,
                         max_tokens_name: str = "max_tokens") -> SamplingParams:
@@ -50,7 +52,8 @@ class _Sampling(BaseModel):
             max_new_tokens=default_max_tokens if max_tokens is None else max_tokens,
             temperature=self.temperature, top_k=max(0, self.top_k), top_p=self.top_p, seed=self.seed,
             stop=stop, ignore_eos=self.ignore_eos, speculate=self.speculate,
-            num_speculative_tokens=self.num_speculative_tokens)
+            num_speculative_tokens=self.num_speculative_tokens, acceptance=self.acceptance,
+            acceptance_options=tuple(sorted((self.acceptance_options or {}).items())))
         try:
             params.validate(limit)
         except InvalidRequestError as e:

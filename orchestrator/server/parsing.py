@@ -116,6 +116,8 @@ def _strings_to_bytes(m: descriptor_pb2.DescriptorProto) -> None:
         if f.type == descriptor_pb2.FieldDescriptorProto.TYPE_STRING:
             f.type = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
     for nested in m.nested_type:
+        if nested.options.map_entry:  # a map's key cannot be bytes: read the map as its repeated entries
+            nested.options.ClearField("map_entry")
         _strings_to_bytes(nested)
 
 

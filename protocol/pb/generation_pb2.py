@@ -24,33 +24,37 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotocol/pb/generation.proto\x12\nhetspec.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x9e\x03\n\x0fGenerateRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x14.hetspec.v1.TokenIdsH\x00\x12\x0b\n\x03raw\x18\x03 \x01(\x08\x12\x1b\n\x0emax_new_tokens\x18\x04 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x05 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x06 \x01(\rH\x03\x88\x01\x01\x12\x12\n\x05top_p\x18\x07 \x01(\x01H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x16\n\tspeculate\x18\n \x01(\x08H\x06\x88\x01\x01\x12#\n\x16num_speculative_tokens\x18\x0b \x01(\rH\x07\x88\x01\x01\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x42\x07\n\x05inputB\x11\n\x0f_max_new_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x07\n\x05_seedB\x0c\n\n_speculateB\x19\n\x17_num_speculative_tokens\"U\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12 \n\x05\x66inal\x18\x03 \x01(\x0b\x32\x11.hetspec.v1.Final\"m\n\x05\x46inal\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12 \n\x05usage\x18\x02 \x01(\x0b\x32\x11.hetspec.v1.Usage\x12+\n\x05stats\x18\x03 \x01(\x0b\x32\x1c.hetspec.v1.SpeculationStats\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\x92\x04\n\x10SpeculationStats\x12\x11\n\tnum_steps\x18\x01 \x01(\r\x12\x13\n\x0bnum_drafted\x18\x02 \x01(\r\x12\x14\n\x0cnum_accepted\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x04 \x01(\x01\x12\x1c\n\x14mean_accepted_length\x18\x05 \x01(\x01\x12\x1f\n\x17\x61\x63\x63\x65ptance_per_position\x18\x06 \x03(\x01\x12\x1c\n\x14\x64rafted_per_position\x18\x07 \x03(\r\x12\x16\n\x0etime_prefill_s\x18\x08 \x01(\x01\x12\x14\n\x0ctime_draft_s\x18\t \x01(\x01\x12\x15\n\rtime_verify_s\x18\n \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\x0b \x01(\x01\x12\x0e\n\x06ttft_s\x18\x0c \x01(\x01\x12\x0f\n\x07\x64rafter\x18\r \x01(\t\x12\t\n\x01k\x18\x0e \x01(\r\x12\x1a\n\x12num_fallback_steps\x18\x0f \x01(\r\x12\x17\n\x0fnum_preemptions\x18\x10 \x01(\r\x12@\n\x0bsteps_per_k\x18\x11 \x03(\x0b\x32+.hetspec.v1.SpeculationStats.StepsPerKEntry\x12\x1a\n\x12\x65xpected_committed\x18\x12 \x01(\x01\x1a\x30\n\x0eStepsPerKEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\x15\n\x13ServerStatusRequest\"\xb7\x02\n\x0cServerStatus\x12\x17\n\x0fkv_blocks_total\x18\x01 \x01(\r\x12\x16\n\x0ekv_blocks_free\x18\x02 \x01(\r\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x11\n\tnum_steps\x18\x05 \x01(\x04\x12\x0f\n\x07\x64rafter\x18\x06 \x01(\t\x12\x15\n\rdrafter_state\x18\x07 \x01(\t\x12\x1a\n\x12\x64rafter_reconnects\x18\x08 \x01(\r\x12\x18\n\x10preemptions_swap\x18\t \x01(\r\x12\x1d\n\x15preemptions_recompute\x18\n \x01(\r\x12\x1f\n\x17max_concurrent_requests\x18\x0b \x01(\r\x12\x1b\n\x13num_active_requests\x18\x0c \x01(\r2\xa3\x01\n\nGeneration\x12G\n\x08Generate\x12\x1b.hetspec.v1.GenerateRequest\x1a\x1c.hetspec.v1.GenerateResponse0\x01\x12L\n\x0fGetServerStatus\x12\x1f.hetspec.v1.ServerStatusRequest\x1a\x18.hetspec.v1.ServerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotocol/pb/generation.proto\x12\nhetspec.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xd0\x04\n\x0fGenerateRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x14.hetspec.v1.TokenIdsH\x00\x12\x0b\n\x03raw\x18\x03 \x01(\x08\x12\x1b\n\x0emax_new_tokens\x18\x04 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x05 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x06 \x01(\rH\x03\x88\x01\x01\x12\x12\n\x05top_p\x18\x07 \x01(\x01H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x16\n\tspeculate\x18\n \x01(\x08H\x06\x88\x01\x01\x12#\n\x16num_speculative_tokens\x18\x0b \x01(\rH\x07\x88\x01\x01\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x17\n\nacceptance\x18\r \x01(\tH\x08\x88\x01\x01\x12N\n\x12\x61\x63\x63\x65ptance_options\x18\x0e \x03(\x0b\x32\x32.hetspec.v1.GenerateRequest.AcceptanceOptionsEntry\x1a\x38\n\x16\x41\x63\x63\x65ptanceOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x07\n\x05inputB\x11\n\x0f_max_new_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x07\n\x05_seedB\x0c\n\n_speculateB\x19\n\x17_num_speculative_tokensB\r\n\x0b_acceptance\"U\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12 \n\x05\x66inal\x18\x03 \x01(\x0b\x32\x11.hetspec.v1.Final\"m\n\x05\x46inal\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12 \n\x05usage\x18\x02 \x01(\x0b\x32\x11.hetspec.v1.Usage\x12+\n\x05stats\x18\x03 \x01(\x0b\x32\x1c.hetspec.v1.SpeculationStats\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\x84\x05\n\x10SpeculationStats\x12\x11\n\tnum_steps\x18\x01 \x01(\r\x12\x13\n\x0bnum_drafted\x18\x02 \x01(\r\x12\x14\n\x0cnum_accepted\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x04 \x01(\x01\x12\x1c\n\x14mean_accepted_length\x18\x05 \x01(\x01\x12\x1f\n\x17\x61\x63\x63\x65ptance_per_position\x18\x06 \x03(\x01\x12\x1c\n\x14\x64rafted_per_position\x18\x07 \x03(\r\x12\x16\n\x0etime_prefill_s\x18\x08 \x01(\x01\x12\x14\n\x0ctime_draft_s\x18\t \x01(\x01\x12\x15\n\rtime_verify_s\x18\n \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\x0b \x01(\x01\x12\x0e\n\x06ttft_s\x18\x0c \x01(\x01\x12\x0f\n\x07\x64rafter\x18\r \x01(\t\x12\t\n\x01k\x18\x0e \x01(\r\x12\x1a\n\x12num_fallback_steps\x18\x0f \x01(\r\x12\x17\n\x0fnum_preemptions\x18\x10 \x01(\r\x12@\n\x0bsteps_per_k\x18\x11 \x03(\x0b\x32+.hetspec.v1.SpeculationStats.StepsPerKEntry\x12\x1a\n\x12\x65xpected_committed\x18\x12 \x01(\x01\x12\x12\n\nacceptance\x18\x13 \x01(\t\x12\r\n\x05lossy\x18\x14 \x01(\x08\x12\x18\n\x10tokens_differing\x18\x15 \x01(\r\x12\x16\n\x0e\x64rift_prob_gap\x18\x16 \x01(\x01\x12\x1b\n\x13\x62udget_exhausted_at\x18\x17 \x01(\x05\x1a\x30\n\x0eStepsPerKEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\x15\n\x13ServerStatusRequest\"\xb7\x02\n\x0cServerStatus\x12\x17\n\x0fkv_blocks_total\x18\x01 \x01(\r\x12\x16\n\x0ekv_blocks_free\x18\x02 \x01(\r\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x11\n\tnum_steps\x18\x05 \x01(\x04\x12\x0f\n\x07\x64rafter\x18\x06 \x01(\t\x12\x15\n\rdrafter_state\x18\x07 \x01(\t\x12\x1a\n\x12\x64rafter_reconnects\x18\x08 \x01(\r\x12\x18\n\x10preemptions_swap\x18\t \x01(\r\x12\x1d\n\x15preemptions_recompute\x18\n \x01(\r\x12\x1f\n\x17max_concurrent_requests\x18\x0b \x01(\r\x12\x1b\n\x13num_active_requests\x18\x0c \x01(\r2\xa3\x01\n\nGeneration\x12G\n\x08Generate\x12\x1b.hetspec.v1.GenerateRequest\x1a\x1c.hetspec.v1.GenerateResponse0\x01\x12L\n\x0fGetServerStatus\x12\x1f.hetspec.v1.ServerStatusRequest\x1a\x18.hetspec.v1.ServerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protocol.pb.generation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_GENERATEREQUEST_ACCEPTANCEOPTIONSENTRY']._loaded_options = None
+  _globals['_GENERATEREQUEST_ACCEPTANCEOPTIONSENTRY']._serialized_options = b'8\001'
   _globals['_SPECULATIONSTATS_STEPSPERKENTRY']._loaded_options = None
   _globals['_SPECULATIONSTATS_STEPSPERKENTRY']._serialized_options = b'8\001'
   _globals['_TOKENIDS']._serialized_start=44
   _globals['_TOKENIDS']._serialized_end=67
   _globals['_GENERATEREQUEST']._serialized_start=70
-  _globals['_GENERATEREQUEST']._serialized_end=484
-  _globals['_GENERATERESPONSE']._serialized_start=486
-  _globals['_GENERATERESPONSE']._serialized_end=571
-  _globals['_FINAL']._serialized_start=573
-  _globals['_FINAL']._serialized_end=682
-  _globals['_USAGE']._serialized_start=684
-  _globals['_USAGE']._serialized_end=741
-  _globals['_SPECULATIONSTATS']._serialized_start=744
-  _globals['_SPECULATIONSTATS']._serialized_end=1274
-  _globals['_SPECULATIONSTATS_STEPSPERKENTRY']._serialized_start=1226
-  _globals['_SPECULATIONSTATS_STEPSPERKENTRY']._serialized_end=1274
-  _globals['_SERVERSTATUSREQUEST']._serialized_start=1276
-  _globals['_SERVERSTATUSREQUEST']._serialized_end=1297
-  _globals['_SERVERSTATUS']._serialized_start=1300
-  _globals['_SERVERSTATUS']._serialized_end=1611
-  _globals['_GENERATION']._serialized_start=1614
-  _globals['_GENERATION']._serialized_end=1777
+  _globals['_GENERATEREQUEST']._serialized_end=662
+  _globals['_GENERATEREQUEST_ACCEPTANCEOPTIONSENTRY']._serialized_start=477
+  _globals['_GENERATEREQUEST_ACCEPTANCEOPTIONSENTRY']._serialized_end=533
+  _globals['_GENERATERESPONSE']._serialized_start=664
+  _globals['_GENERATERESPONSE']._serialized_end=749
+  _globals['_FINAL']._serialized_start=751
+  _globals['_FINAL']._serialized_end=860
+  _globals['_USAGE']._serialized_start=862
+  _globals['_USAGE']._serialized_end=919
+  _globals['_SPECULATIONSTATS']._serialized_start=922
+  _globals['_SPECULATIONSTATS']._serialized_end=1566
+  _globals['_SPECULATIONSTATS_STEPSPERKENTRY']._serialized_start=1518
+  _globals['_SPECULATIONSTATS_STEPSPERKENTRY']._serialized_end=1566
+  _globals['_SERVERSTATUSREQUEST']._serialized_start=1568
+  _globals['_SERVERSTATUSREQUEST']._serialized_end=1589
+  _globals['_SERVERSTATUS']._serialized_start=1592
+  _globals['_SERVERSTATUS']._serialized_end=1903
+  _globals['_GENERATION']._serialized_start=1906
+  _globals['_GENERATION']._serialized_end=2069
 # @@protoc_insertion_point(module_scope)

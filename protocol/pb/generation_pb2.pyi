@@ -13,7 +13,14 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "token_ids", "raw", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "speculate", "num_speculative_tokens", "ignore_eos")
+    __slots__ = ("prompt", "token_ids", "raw", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "speculate", "num_speculative_tokens", "ignore_eos", "acceptance", "acceptance_options")
+    class AcceptanceOptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     RAW_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +33,8 @@ class GenerateRequest(_message.Message):
     SPECULATE_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     token_ids: TokenIds
     raw: bool
@@ -38,7 +47,9 @@ class GenerateRequest(_message.Message):
     speculate: bool
     num_speculative_tokens: int
     ignore_eos: bool
-    def __init__(self, prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., raw: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., speculate: _Optional[bool] = ..., num_speculative_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
+    acceptance: str
+    acceptance_options: _containers.ScalarMap[str, float]
+    def __init__(self, prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., raw: _Optional[bool] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., speculate: _Optional[bool] = ..., num_speculative_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., acceptance: _Optional[str] = ..., acceptance_options: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "text", "final")
@@ -69,7 +80,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
-    __slots__ = ("num_steps", "num_drafted", "num_accepted", "acceptance_rate", "mean_accepted_length", "acceptance_per_position", "drafted_per_position", "time_prefill_s", "time_draft_s", "time_verify_s", "tokens_per_s", "ttft_s", "drafter", "k", "num_fallback_steps", "num_preemptions", "steps_per_k", "expected_committed")
+    __slots__ = ("num_steps", "num_drafted", "num_accepted", "acceptance_rate", "mean_accepted_length", "acceptance_per_position", "drafted_per_position", "time_prefill_s", "time_draft_s", "time_verify_s", "tokens_per_s", "ttft_s", "drafter", "k", "num_fallback_steps", "num_preemptions", "steps_per_k", "expected_committed", "acceptance", "lossy", "tokens_differing", "drift_prob_gap", "budget_exhausted_at")
     class StepsPerKEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +106,11 @@ class SpeculationStats(_message.Message):
     NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     STEPS_PER_K_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
+    LOSSY_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_DIFFERING_FIELD_NUMBER: _ClassVar[int]
+    DRIFT_PROB_GAP_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_EXHAUSTED_AT_FIELD_NUMBER: _ClassVar[int]
     num_steps: int
     num_drafted: int
     num_accepted: int
@@ -113,7 +129,12 @@ class SpeculationStats(_message.Message):
     num_preemptions: int
     steps_per_k: _containers.ScalarMap[int, int]
     expected_committed: float
-    def __init__(self, num_steps: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_per_position: _Optional[_Iterable[float]] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., time_prefill_s: _Optional[float] = ..., time_draft_s: _Optional[float] = ..., time_verify_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., drafter: _Optional[str] = ..., k: _Optional[int] = ..., num_fallback_steps: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., steps_per_k: _Optional[_Mapping[int, int]] = ..., expected_committed: _Optional[float] = ...) -> None: ...
+    acceptance: str
+    lossy: bool
+    tokens_differing: int
+    drift_prob_gap: float
+    budget_exhausted_at: int
+    def __init__(self, num_steps: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_per_position: _Optional[_Iterable[float]] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., time_prefill_s: _Optional[float] = ..., time_draft_s: _Optional[float] = ..., time_verify_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., drafter: _Optional[str] = ..., k: _Optional[int] = ..., num_fallback_steps: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., steps_per_k: _Optional[_Mapping[int, int]] = ..., expected_committed: _Optional[float] = ..., acceptance: _Optional[str] = ..., lossy: _Optional[bool] = ..., tokens_differing: _Optional[int] = ..., drift_prob_gap: _Optional[float] = ..., budget_exhausted_at: _Optional[int] = ...) -> None: ...
 
 class ServerStatusRequest(_message.Message):
     __slots__ = ()

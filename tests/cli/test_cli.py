@@ -45,6 +45,11 @@ def test_streamed_text_equals_json_text_and_no_spec_matches():
     (("generate", "hi", "--no-such-flag"), "unrecognized"),
     (("generate", "word " * 9000, "--drafter", "ngram"), "context limit"),
     (("export-drafter", "--precision", "int3"), "invalid choice"),
+    (("generate", "hi", "--acceptance", "fuzzy"), "invalid choice: 'fuzzy' (choose from"),
+    (("generate", "hi", "--acceptance", "nkl", "--acceptance-option", "gamma=1"),
+     "--acceptance-option gamma: policy 'nkl' has no option 'gamma'; its options: delta, temperature, budget"),
+    (("generate", "hi", "--acceptance", "nkl", "--acceptance-option", "delta"), "expected key=number, got 'delta'"),
+    (("generate", "hi", "--acceptance", "typical", "--temperature", "0.8"), "typical is lossy and judges greedy"),
 ])
 def test_bad_input_gives_one_line_and_nonzero_exit(args, match):
     r = hetspec(*args)
@@ -115,3 +120,14 @@ def test_a_drafter_with_another_vocabulary_is_refused_in_one_line(qwen05):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("hetspec: error: drafter qwen2.5-coder-0.5b: its tokenizer gives"), r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("--acceptance", "fuzzy"),
+    ("--acceptance", "block", "--acceptance-option", "m=0"),
+    ("--acceptance-option", "budget=0.1"),  # the default policy (rejection) has no options
+])
+def test_bad_acceptance_flags_exit_2_like_any_bad_flag(args):
+    r = hetspec("generate", "hi", *args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1, r.stderr

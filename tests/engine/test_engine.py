@@ -123,15 +123,6 @@ def test_gemma3_ngram_greedy_is_lossless(gemma3):
     assert target.pool.num_free_blocks == target.pool.num_blocks
 
 
-@pytest.fixture(scope="module")
-def onnx_drafter(smollm2):
-    from orchestrator.drafters.onnx_drafter import OnnxDrafter
-    from orchestrator.models import ExportOptions, export_drafter
-
-    drafter = OnnxDrafter(export_drafter(smollm2, ExportOptions(precision="int4"), progress=False))
-    yield drafter
-    drafter.close()
-
 
 def test_onnx_int4_greedy_is_lossless(target, smollm2, smollm2_tokenizer, reference, onnx_drafter):
     engine = make_engine(target, smollm2_tokenizer, smollm2, onnx_drafter, k=4)

@@ -78,7 +78,7 @@ def test_report_has_the_figures_and_names_absent_phases(run_dir, run):
     report = (run_dir / "report.md").read_text()
     for needle in ("p50 ms/step", "p99 ms/step", "acceptance by position", "mean accepted length", "TTFT",
                    "TPOT", "Leviathan bound", "efficiency", "Not present in this run", "d2h",
-                   "realised ÷ predicted", "cost model"):
+                   "realised ÷ predicted", "cost model", "Acceptance policy: rejection (lossless"):
         assert needle in report, needle
     assert f"{run['summary']['efficiency']:.2f}" in report
 

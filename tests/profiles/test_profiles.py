@@ -50,6 +50,24 @@ def test_a_file_path_loads_and_sections_have_defaults(tmp_path):
     assert config.drafter.kind == "ngram" and (config.k_policy, config.num_speculative_tokens) == ("auto", 8)
 
 
+@pytest.mark.parametrize("verification, name, options", [
+    ("exact", "rejection", {}),
+    ("strict", "strict", {}),
+    ({"policy": "nkl", "delta": 0.2}, "nkl", {"delta": 0.2, "temperature": 0.6, "budget": 0.05}),
+])
+def test_the_acceptance_policy_reaches_the_engine_config(tmp_path, verification, name, options):
+    config = load_profile(write(tmp_path, base(speculation={"drafter": "d", "verification": verification}))).engine_config()
+    assert config.acceptance.name == name and dict(config.acceptance.options) == options
+
+
+def test_several_drafters_become_one_combined_drafter_in_the_order_given(tmp_path):
+    data = base(drafters={"lookup": {"kind": "ngram"}, "int4": {"kind": "onnx", "precision": "int4"}},
+                speculation={"drafters": ["lookup", "int4"]})
+    config = load_profile(write(tmp_path, data)).engine_config()
+    assert config.drafter.kind == "combined" and config.drafter.combine == "confidence"
+    assert [d.kind for d in config.drafter.drafters] == ["ngram", "onnx"]
+
+
 BAD = [  # (profile text or dict, what the one-line message must contain)
     ("", "empty file"),
     ("# only a comment\n", "empty file"),
@@ -104,8 +122,19 @@ BAD = [  # (profile text or dict, what the one-line message must contain)
      "speculation: adaptive_k applies to a fixed num_speculative_tokens, not auto"),
     (base(speculation={"drafter": "d", "num_speculative_tokens": 4, "draft_len_schedule": {0: 2}}),
      "speculation.draft_len_schedule.0: Input should be greater than 0"),
-    (base(speculation={"drafter": "d", "verification": "nkl"}), "speculation.verification: Input should be 'exact'"),
+    (base(speculation={"drafter": "d", "verification": "nkll"}),
+     "speculation.verification: policy: unknown acceptance policy 'nkll'; allowed: rejection, strict, nkl,"),
+    (base(speculation={"drafter": "d", "verification": {"policy": "nkl", "gamma": 1}}),
+     "speculation.verification: gamma: policy 'nkl' has no option 'gamma'; its options: delta, temperature, budget"),
+    (base(speculation={"drafter": "d", "verification": {"policy": "block", "m": 0}}),
+     "speculation.verification: m: must be a whole number >= 1, got 0"),
+    (base(speculation={"drafter": "d", "verification": {"delta": 0.1}}),
+     "speculation.verification: a policy name or {policy: NAME, option: value}, got {'delta': 0.1}"),
     (base(speculation={"drafter": "d", "adaptive_k": "yes"}), "speculation.adaptive_k: Input should be a valid bool"),
+    (base(speculation={"drafter": "d", "drafters": ["d", "e"]}), "speculation: give drafter or drafters, not both"),
+    (base(speculation={"drafters": ["d"]}), "speculation: drafters: at least two different drafters, got ['d']"),
+    (base(speculation={"drafters": ["d", "nope"]}), "speculation.drafters.1: unknown drafter 'nope' (drafters: d)"),
+    (base(speculation={"drafters": ["d", "d2"], "combine": "tree"}), "speculation.combine: Input should be 'confidence'"),
     (base(server={"port": 0}), "server.port: Input should be greater than or equal to 1"),
     (base(server={"host": ""}), "server.host:"),
     (base(server={"tls": {"cert_file": "c.pem"}}), "server.tls.key_file: missing required key"),

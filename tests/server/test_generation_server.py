@@ -96,6 +96,19 @@ def test_sampling_through_the_remote_drafter_carries_draft_probabilities_and_is_
     assert runs[0]["token_ids"] == runs[1]["token_ids"]  # the seed reaches both the target and the drafter
 
 
+def test_a_request_names_its_acceptance_policy_and_the_stats_say_lossy(servers):
+    """The policy and its options travel in the request; a budget of 0 leaves the output the target's
+    own, and the final stats still label the request lossy, budget spent from the first token."""
+    with client(servers["local"]) as c:
+        plain = c.generate(PROMPTS[3], max_new_tokens=24, ignore_eos=True)
+        lossy = c.generate(PROMPTS[3], max_new_tokens=24, ignore_eos=True, acceptance="typical",
+                           acceptance_options={"budget": 0.0})
+    assert plain["stats"]["acceptance"] == "rejection" and not plain["stats"]["lossy"]
+    assert lossy["stats"]["acceptance"] == "typical" and lossy["stats"]["lossy"]
+    assert lossy["stats"]["budget_exhausted_at"] == 0 and lossy["stats"]["tokens_differing"] == 0
+    assert lossy["token_ids"] == plain["token_ids"]
+
+
 def test_sixteen_concurrent_streams_are_correct_and_the_pool_is_whole_after(servers, reference):
     prompts = (PROMPTS + [GROUNDED] * 4)[:16]
     results: dict[int, dict] = {}
@@ -152,6 +165,8 @@ def _raw_call(server: Server, payload: bytes, timeout=30):
 
 
 BAD_UTF8_STOP = pb.GenerateRequest(prompt="hi").SerializeToString() + b"\x4a\x02\xff\xfe"  # field 9 (stop)
+_BAD_KEY = b"\x0a\x01\xff\x11" + bytes(6) + b"\xf0\x3f"  # a map entry: key b"\xff", value 1.0
+BAD_UTF8_OPTION = pb.GenerateRequest(prompt="hi").SerializeToString() + b"\x72" + bytes([len(_BAD_KEY)]) + _BAD_KEY
 UNKNOWN_FIELD = pb.GenerateRequest(prompt="hi").SerializeToString() + b"\xb8\x06\x01"  # field 103, varint
 
 MALFORMED = [
@@ -169,7 +184,14 @@ MALFORMED = [
     (pb.GenerateRequest(prompt="hi", num_speculative_tokens=99), grpc.StatusCode.INVALID_ARGUMENT,
      "num_speculative_tokens"),
     (pb.GenerateRequest(prompt="word " * 9000), grpc.StatusCode.INVALID_ARGUMENT, "context limit"),
+    (pb.GenerateRequest(prompt="hi", acceptance="fuzzy"), grpc.StatusCode.INVALID_ARGUMENT,
+     "acceptance: unknown acceptance policy 'fuzzy'; allowed: rejection, strict, nkl"),
+    (pb.GenerateRequest(prompt="hi", acceptance="nkl", acceptance_options={"gamma": 1.0}),
+     grpc.StatusCode.INVALID_ARGUMENT, "acceptance_options.gamma: policy 'nkl' has no option 'gamma'"),
+    (pb.GenerateRequest(prompt="hi", acceptance="nkl", temperature=0.7), grpc.StatusCode.INVALID_ARGUMENT,
+     "nkl is lossy and judges greedy requests only"),
     (BAD_UTF8_STOP, grpc.StatusCode.INVALID_ARGUMENT, "stop[0]: not valid UTF-8"),
+    (BAD_UTF8_OPTION, grpc.StatusCode.INVALID_ARGUMENT, "acceptance_options[0].key: not valid UTF-8"),
     (UNKNOWN_FIELD, grpc.StatusCode.INVALID_ARGUMENT, "field #103: unknown field"),
     (b"\xff\xff\xff", grpc.StatusCode.INVALID_ARGUMENT, "not a valid hetspec.v1.GenerateRequest"),
     (pb.GenerateRequest(prompt="x" * (70 << 20)), grpc.StatusCode.RESOURCE_EXHAUSTED, "larger than max"),

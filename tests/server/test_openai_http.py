@@ -127,6 +127,9 @@ MALFORMED = [  # (body, status, param the error must name)
     ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}, 400, "frobnicate"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10 ** 9}, 400, "max_tokens"),
     ({"model": MODEL, "messages": [{"role": "user", "content": 7}]}, 400, "messages[0].content"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "acceptance": "nkl"}, 400, "acceptance"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 0, "acceptance": "nkl",
+      "acceptance_options": {"gamma": 1}}, 400, "acceptance_options.gamma"),
 ]
 
 

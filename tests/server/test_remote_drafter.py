@@ -231,19 +231,10 @@ def test_a_session_answers_in_order_and_rolls_back():
         served.stop(0)
 
 
-@pytest.fixture(scope="module")
-def onnx_self_drafter(smollm2):
-    from orchestrator.drafters.onnx_drafter import OnnxDrafter
-    from orchestrator.models import ExportOptions, export_drafter
-
-    drafter = OnnxDrafter(export_drafter(smollm2, ExportOptions(precision="int4"), progress=False))
-    yield drafter
-    drafter.close()
-
 
 def test_kv_handoff_to_a_remote_self_drafter_opens_from_the_targets_kv(
-        target, smollm2, smollm2_tokenizer, reference, onnx_self_drafter):
-    servicer = DrafterServicer(onnx_self_drafter, vocab_size=target.vocab_size, model_id=target.model_id)
+        target, smollm2, smollm2_tokenizer, reference, onnx_drafter):
+    servicer = DrafterServicer(onnx_drafter, vocab_size=target.vocab_size, model_id=target.model_id)
     served = serve(servicer)
     drafter = RemoteDrafter(f"127.0.0.1:{served.port}", vocab_size=target.vocab_size, kv_source=target)
     try:
@@ -253,7 +244,7 @@ def test_kv_handoff_to_a_remote_self_drafter_opens_from_the_targets_kv(
         assert servicer.num_kv_opens == len(PROMPTS3) and drafter.num_failures == 0
         assert sum(s.stats.num_accepted for s in seqs) > 0
         # K/V from another model, or covering the whole prompt, are refused naming the field
-        d = onnx_self_drafter
+        d = onnx_drafter
         for model_id, tokens, message in (("other", 4, "model_id"), (target.model_id, 8, "open.kv_blocks[0].tokens")):
             kv = torch.zeros(d.num_layers, 2, 1, 16, d.num_kv_heads, d.head_dim)
             block = inline.to_block(codec.encode(
@@ -285,12 +276,12 @@ def test_a_drafter_that_refuses_kv_blocks_is_opened_from_tokens_instead(target, 
 
 
 def test_shared_memory_transport_carries_kv_and_probabilities_with_the_same_output(
-        target, smollm2, smollm2_tokenizer, reference, onnx_self_drafter):
+        target, smollm2, smollm2_tokenizer, reference, onnx_drafter):
     """transport.kind on both sides: K/V to the drafter and q back through segments, not messages;
     greedy output stays the target's, and seeded sampled output equals the inline run's."""
     outputs = {}
     for kind in ("inline", "shared_memory"):
-        servicer = DrafterServicer(onnx_self_drafter, vocab_size=target.vocab_size, model_id=target.model_id,
+        servicer = DrafterServicer(onnx_drafter, vocab_size=target.vocab_size, model_id=target.model_id,
                                    transport=kind)
         served = serve(servicer)
         drafter = RemoteDrafter(f"127.0.0.1:{served.port}", vocab_size=target.vocab_size, kv_source=target,
