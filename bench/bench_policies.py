@@ -21,7 +21,8 @@ combination beats each single drafter.
     python bench/bench_policies.py [--profile cpu] [--tokens 48] [--repeats 2] [--workloads chat,grounded,code]
         [--part policies|drafters|both]
 
-Writes bench/figures/policies-PROFILE.json (figures, spread of repeats, machine, commit).
+Writes bench/figures/policies-PROFILE.json (figures, spread of repeats, machine, commit);
+`--part drafters` writes policies-drafters-PROFILE.json.
 """
 
 import argparse
@@ -125,8 +126,8 @@ def main():
               "settings": {n: {"policy": p, "options": dict(o)} for n, (p, o) in SETTINGS.items()}, "cells": []}
     if args.part in ("drafters", "both"):
         report["drafters"] = several_drafters(parts, args)
-    if args.part == "drafters":
-        write_report(f"policies-{args.profile}", report)
+    if args.part == "drafters":  # beside a full run's figures, not over them
+        write_report(f"policies-drafters-{args.profile}", report)
         return
     sides = {"target-only": (None, ()), **SETTINGS}
     for wl in args.workloads.split(","):
