@@ -86,8 +86,8 @@ class AcceptancePolicy:
         if name not in LOSSLESS:
             allowed["budget"] = DEFAULT_BUDGET
         given = dict(options or {})
+        prefix = field if options_field is None else options_field
         for key, value in given.items():
-            prefix = field if options_field is None else options_field
             where = f"{prefix}.{key}" if prefix else key
             if key not in allowed:
                 known = ", ".join(allowed) or "none"
@@ -101,9 +101,9 @@ class AcceptancePolicy:
 def _check_range(name: str, key: str, value: float, where: str) -> None:
     if key in ("m", "top_n"):
         ok, want = value >= 1 and value == int(value), "a whole number >= 1"
-    elif key in ("temperature",):
+    elif key == "temperature":
         ok, want = value > 0, "> 0"
-    elif key == "budget" or key in ("delta", "delta_max", "epsilon", "alpha"):
+    elif key in ("budget", "delta", "delta_max", "epsilon", "alpha"):
         ok, want = 0 <= value <= 1, "in [0, 1]"
     else:  # a
         ok, want = value >= 0, ">= 0"

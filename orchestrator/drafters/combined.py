@@ -69,10 +69,11 @@ class CombinedDrafter(Drafter):
             rest = []
             for r in pending:
                 p = proposals[r.seq_id]
-                if p.draft_ids and not p.unavailable:
+                drafted = bool(p.draft_ids) and not p.unavailable
+                if drafted:
                     self._drafts.setdefault(r.seq_id, {})[i] = list(p.draft_ids)
-                later = 0.0 if last else max(self.expected(j, r.k, r.seq_id) for j in range(i + 1, len(self.drafters)))
-                if last or (p.draft_ids and not p.unavailable and self.expected(i, len(p.draft_ids), r.seq_id) >= later):
+                if last or (drafted and self.expected(i, len(p.draft_ids), r.seq_id)
+                            >= max(self.expected(j, r.k, r.seq_id) for j in range(i + 1, len(self.drafters)))):
                     out[r.seq_id] = p
                     self.chosen[i] += 1
                 else:

@@ -115,14 +115,12 @@ def _check_references(profile: Profile, source: str) -> None:
     """speculation.drafter(s) and every fallback name a defined drafter; fallbacks have no loops."""
     names = set(profile.drafters)
     known = ", ".join(sorted(names)) or "none defined"
-    chosen = profile.speculation.drafter
-    if chosen is not None and chosen not in names:
-        raise ProfileError(f"profile {source}: speculation.drafter: unknown drafter {chosen!r} "
-                           f"(drafters: {known})")
-    for i, name in enumerate(profile.speculation.drafters):
+    s = profile.speculation
+    refs = ([("speculation.drafter", s.drafter)] if s.drafter is not None else []) + \
+        [(f"speculation.drafters.{i}", name) for i, name in enumerate(s.drafters)]
+    for key, name in refs:
         if name not in names:
-            raise ProfileError(f"profile {source}: speculation.drafters.{i}: unknown drafter {name!r} "
-                               f"(drafters: {known})")
+            raise ProfileError(f"profile {source}: {key}: unknown drafter {name!r} (drafters: {known})")
     for name, spec in profile.drafters.items():
         for i, other in enumerate(spec.fallback):
             if other not in names:
