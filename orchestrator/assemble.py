@@ -44,7 +44,8 @@ class Assembly:
     staging: StagingPool
 
     def engine(self, num_speculative_tokens: int | None = None, max_num_seqs: int | None = None,
-               k_policy: str | None = None, acceptance: AcceptancePolicy | None = None) -> Engine:
+               k_policy: str | None = None, acceptance: AcceptancePolicy | None = None,
+               overlap: bool | None = None) -> Engine:
         """An engine over these parts; k = 0 gives a target-only engine over the same target."""
         c = self.config
         k = c.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
@@ -52,7 +53,8 @@ class Assembly:
                       max_num_seqs=max_num_seqs or c.max_num_seqs, eos_token_ids=self.eos_token_ids,
                       k_policy=k_policy or c.k_policy, preemption=c.preemption, tracer=self.tracer,
                       staging=self.staging, disable_by_batch_size=c.disable_by_batch_size,
-                      draft_len_schedule=c.draft_len_schedule, acceptance=acceptance or c.acceptance)
+                      draft_len_schedule=c.draft_len_schedule, acceptance=acceptance or c.acceptance,
+                      overlap=c.overlap if overlap is None else overlap)
 
 
 def assemble(config: EngineConfig, tracer: Tracer | None = None, progress: bool = True) -> Assembly:

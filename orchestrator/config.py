@@ -179,6 +179,7 @@ class EngineConfig:
     preemption: str = "auto"  # "auto" | "swap" | "recompute"
     drafter: DrafterConfig | None = field(default_factory=OnnxDrafterConfig)  # None = target only
     acceptance: AcceptancePolicy = AcceptancePolicy()  # requests naming no policy are verified by this one
+    overlap: bool = False  # draft the next step on a worker thread while the target verifies this one
     transport: TransportConfig = field(default_factory=TransportConfig)
 
     @property
@@ -197,6 +198,8 @@ class EngineConfig:
         _choice("transport.kind", self.transport.kind, TRANSPORT_KINDS)
         if isinstance(self.drafter, TorchDrafterConfig):
             _choice("drafter dtype", self.drafter.dtype, DTYPES)
+        if self.overlap and isinstance(self.drafter, CombinedDrafterConfig):
+            raise InvalidRequestError("overlap needs a single drafter, not several (speculation.drafters)", "overlap")
         if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             raise InvalidRequestError(f"num_speculative_tokens must be in [0, {MAX_SPECULATIVE_TOKENS}]")
         for name in ("kv_block_size", "max_kv_tokens", "max_num_seqs"):

@@ -23,6 +23,9 @@ def add_parser(sub) -> None:
     add_sampling_args(g)
     g.add_argument("--adaptive-k", action="store_true",
                    help="HF's heuristic instead of the cost model: +2 after a full accept, -1 after a rejection")
+    g.add_argument("--overlap", action="store_true", default=None,
+                   help="draft the next step while the target verifies this one (greedy requests; "
+                        "pays where drafter and target sit on different devices or cores)")
     g.add_argument("--device", default=None, help="target device, e.g. cpu or cuda:0")
     g.add_argument("--dtype", choices=DTYPES, default=None, help="target dtype")
     add_export_args(g, defaults=False)
@@ -45,7 +48,7 @@ def overrides(args: argparse.Namespace) -> Overrides:
                      no_spec=args.no_spec, num_speculative_tokens=args.num_speculative_tokens,
                      adaptive_k=args.adaptive_k, precision=args.precision, block_size=args.block_size,
                      int8_lm_head=args.int8_lm_head, kv_handoff=args.kv_handoff, drafter_device=args.drafter_device,
-                     drafter_providers=tuple(args.drafter_ep or ()))
+                     drafter_providers=tuple(args.drafter_ep or ()), overlap=args.overlap)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -105,8 +105,9 @@ class CachedDrafter(Drafter):
         if not 0 <= n <= len(seq.committed_ids):
             raise InvalidRequestError(
                 f"cannot roll back {n} of {len(seq.committed_ids)} committed tokens of sequence {seq_id}")
+        # the cache is cut lazily, at the next propose or extend: a rollback followed by the same
+        # tokens again (a pre-draft's assumed tokens, then the verify's) keeps it
         del seq.committed_ids[len(seq.committed_ids) - n:]
-        self._sync_cache(seq_id, seq)
 
     def finish(self, seq_id: int) -> None:
         seq = self._seqs.pop(seq_id, None)

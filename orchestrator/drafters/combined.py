@@ -22,6 +22,7 @@ SEQUENCE_WEIGHT = 4.0  # a sequence's own drafts before they outweigh the drafte
 
 class CombinedDrafter(Drafter):
     name = "combined"
+    overlaps = False  # it judges what it is told as committed: assumed tokens would count as judged
 
     def __init__(self, drafters: list[Drafter]):
         if len(drafters) < 2:

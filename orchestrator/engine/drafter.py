@@ -64,6 +64,9 @@ class Drafter(ABC):
     # True when one model run drafts a position for every sequence of a step (its cost grows with the
     # longest draft, not with the number of sequences): the cost model's prior until batches are measured
     batched: bool = False
+    # False where `propose_ahead` cannot draft beyond the committed tokens without disturbing the
+    # drafter's state (its statistics judge what it is told as committed): no overlapped drafting
+    overlaps: bool = True
 
     @abstractmethod
     def start(self, seq_id: int, prompt_ids: list[int]) -> None: ...
@@ -79,6 +82,20 @@ class Drafter(ABC):
         them one by one; a remote drafter sends them as one frame."""
         return {r.seq_id: self.propose(r.seq_id, r.k, r.temperature, r.top_k, r.top_p, r.generator,
                                        r.min_confidence) for r in requests}
+
+    def propose_ahead(self, requests: list[DraftRequest], assumed: dict[int, list[int]]) -> dict[int, DraftProposal]:
+        """Drafts continuing each sequence's committed tokens followed by `assumed[seq_id]` (tokens not
+        committed yet: this step's drafts, while the target verifies them), leaving the committed tokens
+        as they were. Drafters whose cache survives a rollback keep the work for the next step."""
+        for seq_id, ids in assumed.items():
+            if ids:
+                self.extend(seq_id, ids)
+        try:
+            return self.propose_batch(requests)
+        finally:
+            for seq_id, ids in assumed.items():
+                if ids:
+                    self.rollback(seq_id, len(ids))
 
     @abstractmethod
     def extend(self, seq_id: int, token_ids: list[int]) -> None: ...

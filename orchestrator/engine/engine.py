@@ -12,6 +12,7 @@ from orchestrator.config import SamplingParams
 from orchestrator.engine.acceptance import verify_request
 from orchestrator.engine.detok import TextStream
 from orchestrator.engine.drafter import Drafter, DraftProposal, DraftRequest
+from orchestrator.engine.overlap import PreDrafter
 from orchestrator.engine.preemption import PreemptionPolicy
 from orchestrator.engine.scheduler import Scheduler
 from orchestrator.engine.sequence import Sequence, Status
@@ -42,7 +43,8 @@ class Engine:
     adaptive), `num_speculative_tokens` being the fixed k or the most it may choose; `tracer` records
     every phase as spans (off unless a profiling run or metrics want them); `staging` holds the host
     buffers a preempted sequence's K/V is swapped into; `acceptance` is the verify policy of requests
-    that name none (`acceptance_policy`).
+    that name none (`acceptance_policy`); `overlap` drafts the next step on a worker thread while the
+    target verifies this one (`overlap.PreDrafter`).
     """
 
     def __init__(self, target: TargetRunner, tokenizer, drafter: Drafter | None = None,
@@ -50,7 +52,7 @@ class Engine:
                  eos_token_ids: tuple[int, ...] = (), k_policy: str = "fixed", preemption: str = "auto",
                  tracer: Tracer | None = None, staging: StagingPool | None = None,
                  disable_by_batch_size: int | None = None, draft_len_schedule: tuple[tuple[int, int], ...] = (),
-                 acceptance: AcceptancePolicy = AcceptancePolicy()):
+                 acceptance: AcceptancePolicy = AcceptancePolicy(), overlap: bool = False):
         self.target = target
         self.acceptance = acceptance
         self.tokenizer = tokenizer
@@ -78,6 +80,12 @@ class Engine:
         self._target_track = target_track(target.device)
         self._drafter_track = drafter_track(drafter.device, drafter.name) if drafter is not None else None
         self._flows: dict[int, int] = {}  # seq_id -> flow of this step's draft ids
+        self.overlap: PreDrafter | None = None
+        if overlap and self.drafter is not None:
+            if not drafter.overlaps:
+                raise InvalidRequestError(f"drafter {drafter.name} cannot draft ahead: overlap needs a single drafter",
+                                          "overlap")
+            self.overlap = PreDrafter(drafter, self.tracer, self._drafter_track)
 
     # ---- requests --------------------------------------------------------------------
 
@@ -123,7 +131,13 @@ class Engine:
         if not seqs:
             return []
         drafts = self._propose(seqs)
-        results = self._verify(seqs, drafts)
+        try:
+            if self.overlap is not None:
+                self._draft_ahead(seqs, drafts)
+            results = self._verify(seqs, drafts)
+        finally:
+            if self.overlap is not None:  # the drafter is free again (commits tell it the tokens)
+                self.overlap.wait()
         outputs = [self._commit(seq, drafts[seq.seq_id], res) for seq, res in zip(seqs, results)]
         self.num_steps += 1
         self.tracer.flush()  # reads device timers: one sync per step, after the work
@@ -139,12 +153,15 @@ class Engine:
         drafts, requests = {}, []
         plan = self._plan(seqs) if self.drafter is not None else Plan({})
         self._expected = plan
-        # early stop for greedy drafts, calibrated against acceptance (sampled drafts never stop early:
-        # the proposal distribution must stay q for rejection sampling to be exact)
-        cost = self.policy.cost
-        threshold = cost.confidence_threshold(cost.break_even(plan)) if self.policy.policy == "auto" else 0.0
+        threshold = self._confidence_threshold(plan)
         for seq in seqs:
             k = plan.ks.get(seq.seq_id, 0)
+            ahead = self._predrafted(seq)
+            if ahead is not None:  # drafted while the target verified the last step: free now
+                drafts[seq.seq_id] = ahead
+                plan.ks[seq.seq_id] = len(ahead.draft_ids)
+                seq.stats.steps_predrafted += 1
+                continue
             if k == 0:
                 drafts[seq.seq_id] = DraftProposal(draft_ids=[])
                 continue
@@ -170,6 +187,40 @@ class Engine:
             if drafts[r.seq_id].unavailable:
                 seq.stats.num_fallback_steps += 1
         return drafts
+
+    def _confidence_threshold(self, plan: Plan) -> float:
+        """Early stop for greedy drafts, calibrated against acceptance (sampled drafts never stop early:
+        the proposal distribution must stay q for rejection sampling to be exact)."""
+        cost = self.policy.cost
+        return cost.confidence_threshold(cost.break_even(plan)) if self.policy.policy == "auto" else 0.0
+
+    def _predrafted(self, seq: Sequence) -> DraftProposal | None:
+        """The sequence's pre-draft, if the worker's assumption held (greedy requests only)."""
+        if self.overlap is None or not seq.params.greedy or self._draft_cap(seq) == 0:
+            return None
+        ahead = self.overlap.take(seq.seq_id, seq.ids_from)
+        if ahead is None or not ahead.draft_ids:
+            return None
+        cap = self._draft_cap(seq)
+        return replace(ahead, draft_ids=ahead.draft_ids[:cap],
+                       confidence=ahead.confidence[:cap] if ahead.confidence else None)
+
+    def _draft_ahead(self, seqs: list[Sequence], drafts: dict[int, DraftProposal]) -> None:
+        """Start drafting the next step for every greedy sequence that drafts this one, assuming its
+        drafts are accepted and the target's next token is the drafter's next: k + 1 tokens on."""
+        requests, assumed, bases = [], {}, {}
+        threshold = self._confidence_threshold(self._expected)
+        for seq in seqs:
+            draft = drafts[seq.seq_id]
+            if not seq.params.greedy or not draft.draft_ids or draft.unavailable:
+                continue
+            left = seq.remaining - len(draft.draft_ids) - 1  # tokens still to generate after a full accept
+            num = min(self._draft_cap(seq), max(self._expected.ks.get(seq.seq_id, 0), 1)) + 1
+            if min(num, left) < 2:  # the guess alone drafts nothing for the next step
+                continue
+            requests.append(DraftRequest(seq.seq_id, min(num, left), min_confidence=threshold))
+            assumed[seq.seq_id], bases[seq.seq_id] = list(draft.draft_ids), seq.num_tokens
+        self.overlap.launch(requests, bases, assumed, self.num_steps)
 
     @staticmethod
     def _drafter_lag(seq: Sequence) -> int:
@@ -315,6 +366,8 @@ class Engine:
             kv.release()
         if self.drafter is not None and seq.k:
             self.drafter.finish(seq.seq_id)
+        if self.overlap is not None:
+            self.overlap.forget(seq.seq_id)
 
     # ---- preemption ------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ class SpecStats:
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
     num_fallback_steps: int = 0  # steps run target-only because the drafter was unavailable
+    steps_predrafted: int = 0  # steps whose drafts were drafted while the target verified the step before
     steps_per_k: dict[int, int] = field(default_factory=dict)  # chosen k -> verify steps with it (0 included)
     expected_committed: float = 0.0  # what the k policy's model expected these steps to commit
     acceptance: str = "rejection"  # the acceptance policy that verified
@@ -74,6 +75,7 @@ class SpecStats:
             "time_draft_s": self.time_draft_s,
             "time_verify_s": self.time_verify_s,
             "num_fallback_steps": self.num_fallback_steps,
+            "steps_predrafted": self.steps_predrafted,
             "steps_per_k": {str(k): n for k, n in sorted(self.steps_per_k.items())},
             "expected_committed": self.expected_committed,
             "acceptance": self.acceptance,

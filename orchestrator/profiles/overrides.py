@@ -37,6 +37,7 @@ class Overrides:
     kv_handoff: bool | None = None
     drafter_device: str | None = None  # the ONNX drafter's device (provider and KV buffers)
     drafter_providers: tuple[str, ...] = ()  # ONNX Runtime providers, overriding the device's
+    overlap: bool | None = None  # draft ahead while the target verifies
 
 
 def apply_overrides(profile: Profile, given: Overrides) -> EngineConfig:
@@ -50,6 +51,9 @@ def apply_overrides(profile: Profile, given: Overrides) -> EngineConfig:
         config = replace(config, k_policy="fixed", num_speculative_tokens=k)
     if given.adaptive_k:
         config = replace(config, k_policy="adaptive")
+    if given.overlap is not None:
+        config = replace(config, overlap=given.overlap)
+        config.validate()
     return replace(config, drafter=_drafter(config.drafter, given))
 
 

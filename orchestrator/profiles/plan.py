@@ -63,7 +63,7 @@ class Plan:
                             max_num_seqs=p.target.max_num_seqs, num_speculative_tokens=k if drafter else 0,
                             k_policy=policy, disable_by_batch_size=s.disable_by_batch_size,
                             draft_len_schedule=tuple(sorted(s.draft_len_schedule.items())), drafter=drafter,
-                            acceptance=s.verification,
+                            acceptance=s.verification, overlap=s.overlap,
                             transport=p.transport.transport_config())
 
 

@@ -260,6 +260,8 @@ class SpeculationSpec(Section):
     # "exact" = rejection (lossless). Lossy ones judge greedy requests only.
     verification: Annotated[AcceptancePolicy, PlainValidator(_verification),
                             PlainSerializer(lambda p: {"policy": p.name, **dict(p.options)})] = AcceptancePolicy()
+    # draft step t+1 while the target verifies step t (greedy requests; one drafter, not several)
+    overlap: bool = False
 
     @model_validator(mode="after")
     def _one_drafter_or_several(self):
@@ -268,6 +270,8 @@ class SpeculationSpec(Section):
                 raise ValueError("give drafter or drafters, not both")
             if len(self.drafters) < 2 or len(set(self.drafters)) != len(self.drafters):
                 raise ValueError(f"drafters: at least two different drafters, got {self.drafters}")
+            if self.overlap:
+                raise ValueError("overlap needs a single drafter, not several (drafters)")
         return self
 
     @model_validator(mode="after")

@@ -31,6 +31,7 @@ from orchestrator.engine.swap import export_kv
 from orchestrator.models import TargetRunner
 from orchestrator.server.channels import ChannelOptions, call_metadata, open_channel, token_from_env
 from orchestrator.server.remote_session import V1, DrafterFailure, Probe, Session, check_answer
+from orchestrator.tracing import Span, Tracer, Track
 from protocol import BlockError
 from protocol.pb import drafter_pb2 as pb
 from protocol.pb import drafter_pb2_grpc
@@ -56,8 +57,11 @@ class RemoteDrafter(Drafter):
                  vocab_size: int | None = None, backoff_s: tuple[float, float] = (0.5, 30.0),
                  prefill_allowance_s_per_token: float = 0.005, connect_timeout_s: float | None = None,
                  kv_source: TargetRunner | None = None, staging: protocol.StagingPool | None = None,
-                 transport: str = "inline"):
+                 transport: str = "inline", tracer: Tracer | None = None):
         self.address = address
+        # each propose round trip less the drafter's own compute is recorded as a `wire` span
+        self.tracer = tracer or Tracer(enabled=False)
+        self._wire_track = Track(address, "wire")
         # KV handoff: the target whose prefill K/V open each sequence on a remote self-drafter
         self.kv_source = kv_source
         self._staging = staging or (protocol.StagingPool(kv_source.device) if kv_source is not None else None)
@@ -204,8 +208,13 @@ class RemoteDrafter(Drafter):
             raise DrafterFailure("the answer to a propose batch carries no proposals")
         drafts = self._read_proposals(requests, response.proposals)
         self.num_batches += 1
-        self.round_trip_s += time.perf_counter() - t0
-        self.compute_s += response.proposals.compute_ns / 1e9
+        round_trip = time.perf_counter() - t0
+        compute = response.proposals.compute_ns / 1e9
+        self.round_trip_s += round_trip
+        self.compute_s += compute
+        self.tracer.add(Span("wire", self._wire_track, int(t0 * 1e9), max(0.0, round_trip - compute) * 1e3,
+                             args={"round_trip_ms": round_trip * 1e3, "compute_ms": compute * 1e3,
+                                   "sequences": len(requests)}))
         self._backoff = self.backoff_s[0]
         return drafts
 
@@ -350,4 +359,4 @@ def build_remote_drafter(config: RemoteDrafterConfig, ctx: DrafterContext) -> Re
     return RemoteDrafter(config.address, channel, timeout_s=config.timeout_s,
                          vocab_size=target.vocab_size if target is not None else None,
                          kv_source=target if config.kv_handoff else None, staging=ctx.staging,
-                         transport=ctx.transport)
+                         transport=ctx.transport, tracer=ctx.tracer)

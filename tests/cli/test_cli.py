@@ -12,15 +12,16 @@ def hetspec(*args, timeout=600):
                           text=True, timeout=timeout)
 
 
-def test_generate_json_with_ngram_drafter():
+def test_generate_json_with_ngram_drafter_overlapped():
     r = hetspec("generate", "Repeat exactly: one two three four five six seven eight.", "--drafter", "ngram",
-                "--max-new-tokens", "24", "--json")
+                "--max-new-tokens", "24", "--json", "--overlap")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["text"] and 0 < len(out["token_ids"]) <= 24
     stats = out["stats"]
     assert {"mean_accepted_length", "acceptance_per_position", "tokens_per_s"} <= stats.keys()
     assert stats["tokens_per_s"] > 0 and stats["drafter"] == "ngram"
+    assert 0 <= stats["steps_predrafted"] <= stats["num_steps"]  # drafted ahead while the target verified
 
 
 def test_streamed_text_equals_json_text_and_no_spec_matches():

@@ -271,3 +271,53 @@ def test_preemption_policy_follows_measurements_and_honours_forced_modes():
     assert PreemptionPolicy("swap").choose(0, 0) == "recompute"  # nothing held, nothing to move
     with pytest.raises(ValueError, match="preemption"):
         PreemptionPolicy("swapp")
+
+
+def test_overlapped_drafting_is_lossless_and_uses_its_predrafts(target, smollm2, smollm2_tokenizer, reference,
+                                                                 onnx_drafter):
+    """`overlap`: the next step is drafted on a worker thread while the target verifies; greedy output
+    stays the target's (5 x 128 tokens here; bench/bench_overlap.py checks 10 x 128 in process and
+    remote), and some steps took their drafts from the worker (hits), which the stats count."""
+    engine = Engine(target, smollm2_tokenizer, onnx_drafter, num_speculative_tokens=3,
+                    eos_token_ids=eos_token_ids(smollm2, smollm2_tokenizer), overlap=True)
+    predrafted = 0
+    for prompt, expected in list(reference.items())[-5:]:
+        seq = engine.generate(smollm2_tokenizer(prompt).input_ids, SamplingParams(max_new_tokens=128, ignore_eos=True))
+        assert seq.output_ids == expected, prompt
+        predrafted += seq.stats.steps_predrafted
+    stats = engine.overlap.stats
+    assert stats.hits == predrafted > 0 and stats.misses > 0 and stats.launched >= stats.hits + stats.misses
+    assert 0 < stats.hit_rate < 1 and stats.ahead_s > 0
+    assert target.pool.num_free_blocks == target.pool.num_blocks
+
+
+def test_overlap_in_a_batch_with_auto_k_and_a_sampled_request(target, smollm2, smollm2_tokenizer, reference,
+                                                             onnx_drafter):
+    """Batched: greedy sequences drafted ahead while k changes (auto), a sampled request beside them
+    drafts as before (never ahead: it shares its generator with the verify); greedy output unchanged."""
+    engine = Engine(target, smollm2_tokenizer, onnx_drafter, num_speculative_tokens=8, k_policy="auto",
+                    eos_token_ids=eos_token_ids(smollm2, smollm2_tokenizer), overlap=True)
+    prompts = list(reference)[:4]
+    ids = {engine.add_request(smollm2_tokenizer(p).input_ids, SamplingParams(max_new_tokens=128, ignore_eos=True)): p
+           for p in prompts}
+    sampled = engine.add_request(smollm2_tokenizer(PROMPTS[5]).input_ids,
+                                 SamplingParams(max_new_tokens=48, temperature=0.8, seed=3, ignore_eos=True))
+    while engine.has_work():
+        engine.step()
+    hits = 0
+    for seq_id, prompt in ids.items():
+        seq = engine.release(seq_id)
+        assert seq.output_ids == reference[prompt], prompt
+        hits += seq.stats.steps_predrafted
+    other = engine.release(sampled)
+    assert len(other.output_ids) == 48 and other.stats.steps_predrafted == 0 and other.stats.num_drafted > 0
+    assert hits == engine.overlap.stats.hits > 0
+    assert target.pool.num_free_blocks == target.pool.num_blocks
+
+
+def test_overlap_with_the_ngram_drafter_is_lossless(target, smollm2, smollm2_tokenizer, reference):
+    engine = Engine(target, smollm2_tokenizer, NgramDrafter(), num_speculative_tokens=4,
+                    eos_token_ids=eos_token_ids(smollm2, smollm2_tokenizer), overlap=True)
+    seq = engine.generate(smollm2_tokenizer(GROUNDED).input_ids, SamplingParams(max_new_tokens=128, ignore_eos=True))
+    assert seq.output_ids == reference[GROUNDED]
+    assert seq.stats.steps_predrafted > 0  # the lookup drafted ahead from tokens not yet verified

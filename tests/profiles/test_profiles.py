@@ -60,6 +60,14 @@ def test_the_acceptance_policy_reaches_the_engine_config(tmp_path, verification,
     assert config.acceptance.name == name and dict(config.acceptance.options) == options
 
 
+def test_overlap_reaches_the_engine_config_and_the_cli_flag_overrides_the_profile(tmp_path):
+    from orchestrator.profiles import Overrides, apply_overrides
+
+    profile = load_profile(write(tmp_path, base(speculation={"drafter": "d", "overlap": True})))
+    assert profile.engine_config().overlap is True and load_profile("cpu").engine_config().overlap is False
+    assert apply_overrides(load_profile("cpu"), Overrides(overlap=True)).overlap is True
+
+
 def test_several_drafters_become_one_combined_drafter_in_the_order_given(tmp_path):
     data = base(drafters={"lookup": {"kind": "ngram"}, "int4": {"kind": "onnx", "precision": "int4"}},
                 speculation={"drafters": ["lookup", "int4"]})
@@ -135,6 +143,9 @@ BAD = [  # (profile text or dict, what the one-line message must contain)
     (base(speculation={"drafters": ["d"]}), "speculation: drafters: at least two different drafters, got ['d']"),
     (base(speculation={"drafters": ["d", "nope"]}), "speculation.drafters.1: unknown drafter 'nope' (drafters: d)"),
     (base(speculation={"drafters": ["d", "d2"], "combine": "tree"}), "speculation.combine: Input should be 'confidence'"),
+    (base(drafters={"d": {"kind": "ngram"}, "e": {"kind": "onnx"}}, speculation={"drafters": ["d", "e"], "overlap": True}),
+     "speculation: overlap needs a single drafter, not several (drafters)"),
+    (base(speculation={"drafter": "d", "overlap": "sometimes"}), "speculation.overlap: Input should be a valid bool"),
     (base(server={"port": 0}), "server.port: Input should be greater than or equal to 1"),
     (base(server={"host": ""}), "server.host:"),
     (base(server={"tls": {"cert_file": "c.pem"}}), "server.tls.key_file: missing required key"),

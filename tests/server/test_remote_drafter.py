@@ -14,6 +14,7 @@ from orchestrator.models import TargetRunner, eos_token_ids
 from orchestrator.server import ServerOptions, start_server
 from orchestrator.server.drafter_service import DrafterServicer
 from orchestrator.server.remote_drafter import RemoteDrafter
+from orchestrator.tracing import Tracer
 from protocol import codec, inline
 from protocol.pb import blocks_pb2, drafter_pb2_grpc
 from protocol.pb import drafter_pb2 as pb
@@ -108,6 +109,48 @@ def test_remote_ngram_is_lossless_and_sends_one_propose_frame_per_step(target, s
         # batched: at most one propose round trip per engine step, for all sequences together
         assert 0 < drafter.num_batches <= engine.num_steps
         assert drafter.compute_s < drafter.round_trip_s
+        assert target.pool.num_free_blocks == target.pool.num_blocks
+    finally:
+        drafter.close()
+        served.stop(0)
+
+
+def test_overlapped_drafting_over_the_wire_is_lossless_and_records_wire_spans(
+        target, smollm2, smollm2_tokenizer, reference, onnx_drafter):
+    """A remote ONNX self-drafter drafting ahead on the engine's worker thread while the target
+    verifies: greedy output unchanged, pre-drafts used, every round trip's wire time a span."""
+    served = serve(DrafterServicer(onnx_drafter, vocab_size=target.vocab_size))
+    tracer = Tracer()
+    drafter = RemoteDrafter(f"127.0.0.1:{served.port}", vocab_size=target.vocab_size, tracer=tracer)
+    try:
+        engine = Engine(target, smollm2_tokenizer, drafter, num_speculative_tokens=3, tracer=tracer,
+                        eos_token_ids=eos_token_ids(smollm2, smollm2_tokenizer), overlap=True)
+        seqs = run(engine, smollm2_tokenizer, SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True))
+        assert [s.output_ids for s in seqs] == reference
+        assert sum(s.stats.steps_predrafted for s in seqs) == engine.overlap.stats.hits > 0
+        assert drafter.num_failures == 0
+        wire = [sp for sp in tracer.spans if sp.name == "wire"]
+        assert len(wire) == drafter.num_batches and all(
+            0 <= sp.dur_ms <= sp.args["round_trip_ms"] and sp.track.role == "wire" for sp in wire)
+        ahead = [sp for sp in tracer.spans if sp.name == "draft" and sp.args.get("ahead")]
+        assert ahead and all(sp.track == engine._drafter_track for sp in ahead)
+    finally:
+        drafter.close()
+        served.stop(0)
+
+
+def test_a_stalled_drafter_while_drafting_ahead_fails_over_and_resumes(target, smollm2, smollm2_tokenizer, reference):
+    servicer = Misbehaving("stall", vocab_size=target.vocab_size)
+    served = serve(servicer)
+    drafter = RemoteDrafter(f"127.0.0.1:{served.port}", timeout_s=0.5, vocab_size=target.vocab_size,
+                            backoff_s=(0.05, 0.1))
+    try:
+        engine = Engine(target, smollm2_tokenizer, drafter, num_speculative_tokens=4,
+                        eos_token_ids=eos_token_ids(smollm2, smollm2_tokenizer), overlap=True)
+        seqs = run(engine, smollm2_tokenizer, SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True))
+        assert [s.output_ids for s in seqs] == reference
+        assert drafter.num_failures >= 1 and drafter.num_reconnects >= 1, drafter.last_error
+        assert drafter.state == "connected" and servicer.calls > servicer.bad_call  # speculation resumed
         assert target.pool.num_free_blocks == target.pool.num_blocks
     finally:
         drafter.close()

@@ -1,0 +1,223 @@
+"""Overlapped vs sequential speculative decoding, side by side in one run.
+
+The stand-in for two devices: the target's torch runs with one thread pinned to core 0, the INT4
+ONNX self-drafter with one thread on core 1 (every drafter call, sequential or ahead, runs on a thread
+pinned there: the "drafter device"; the target waits for it in the sequential loop). Then:
+
+  pinned          in process: sequential vs overlapped (`Engine(overlap=True)`), target-only beside
+  pinned-remote   the drafter behind `hetspec drafter serve` pinned to core 1 (taskset): sequential vs
+                  overlapped; the remote overhead per step left on the critical path is reported
+  shared          no pinning, default threads on both cores: sequential vs overlapped
+
+Greedy, fixed k, every side checked token for token against target-only. Prompts alternate which
+side goes first. Also draws one overlapped request's spans (bench/figures/overlap-spans.png).
+
+    python bench/bench_overlap.py [--prompts 10] [--tokens 128] [--k 3] [--parts pinned,pinned-remote,shared]
+
+Results: bench/figures/overlap-cpu.json. Run it on an otherwise idle machine.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from orchestrator.drafters.onnx_drafter import OnnxDrafter
+from orchestrator.engine import Drafter, Engine
+from orchestrator.models import ExportOptions, TargetRunner, eos_token_ids, export_drafter, load_tokenizer, resolve
+from orchestrator.server.remote_drafter import RemoteDrafter
+from orchestrator.tracing import Tracer
+
+from common import FIGURES, agreement, alternate, hetspec_side, line, machine_line, merge, write_report
+from prompts import GROUNDED, PROMPTS  # noqa: E402  (tests/, put on the path by common)
+from servers import READY  # noqa: E402
+
+TARGET_CORE, DRAFTER_CORE = 0, 1
+
+
+class OnCore(Drafter):
+    """Every call of `inner` runs on one worker thread pinned to `core` (the drafter's device), and the
+    caller waits for it: the sequential loop's drafter calls as much as the overlapped worker's."""
+
+    def __init__(self, inner: Drafter, core: int):
+        self.inner, self.name, self.device, self.batched = inner, inner.name, inner.device, inner.batched
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter-core")
+        self._pool.submit(os.sched_setaffinity, 0, {core}).result()
+
+    def _call(self, fn, *args):
+        return self._pool.submit(fn, *args).result()
+
+    def start(self, seq_id, prompt_ids):
+        return self._call(self.inner.start, seq_id, prompt_ids)
+
+    def propose(self, seq_id, k, *args):
+        return self._call(self.inner.propose, seq_id, k, *args)
+
+    def propose_batch(self, requests):
+        return self._call(self.inner.propose_batch, requests)
+
+    def propose_ahead(self, requests, assumed):
+        return self._call(self.inner.propose_ahead, requests, assumed)
+
+    def extend(self, seq_id, token_ids):
+        return self._call(self.inner.extend, seq_id, token_ids)
+
+    def rollback(self, seq_id, n):
+        return self._call(self.inner.rollback, seq_id, n)
+
+    def finish(self, seq_id):
+        return self._call(self.inner.finish, seq_id)
+
+
+def drafter_server(core: int | None) -> tuple[subprocess.Popen, int]:
+    """`hetspec drafter serve --profile cpu` on a free port, pinned to `core` (taskset) if given."""
+    cmd = [sys.executable, "-m", "orchestrator.cli", "drafter", "serve", "--profile", "cpu", "--port", "0"]
+    if core is not None:
+        cmd = ["taskset", "-c", str(core)] + cmd
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    for text in proc.stderr:
+        m = READY.search(text)
+        if m:
+            return proc, int(m[1])
+    raise RuntimeError(f"the drafter server exited ({proc.wait()}) before it was ready")
+
+
+def engines(target, tokenizer, ckpt, drafter, k: int, tracer: Tracer | None = None) -> dict:
+    eos = eos_token_ids(ckpt, tokenizer)
+    return {"sequential": Engine(target, tokenizer, drafter, num_speculative_tokens=k, eos_token_ids=eos),
+            "overlapped": Engine(target, tokenizer, drafter, num_speculative_tokens=k, eos_token_ids=eos,
+                                 overlap=True, tracer=tracer)}
+
+
+def run_part(name: str, sides: dict, prompts_ids: list, tokens: int, reference: list | None) -> dict:
+    """Warm up, then every side on each prompt (order rotating); tokens/s, ratios, overlap counters.
+    Outputs are checked against `reference`, or the target-only side's when the part has one."""
+    for engine in sides.values():
+        hetspec_side(engine, 16)(prompts_ids[0])
+        if engine.overlap is not None:
+            engine.overlap.stats = type(engine.overlap.stats)()
+    names = list(sides)
+    results = alternate([hetspec_side(sides[n], tokens) for n in names], prompts_ids)
+    if "target-only" in sides:
+        reference = results[names.index("target-only")][1]
+    out = {"reference": reference}
+    for n, (tps, outputs, stats) in zip(names, results):
+        out[n] = {"tok_per_s": round(tps, 2), **merge(stats),
+                  "steps_predrafted": sum(s.steps_predrafted for s in stats)}
+        if sides[n].overlap is not None:
+            out[n]["overlap"] = sides[n].overlap.stats.to_dict()
+        if reference is not None:
+            out[n]["agreement"] = agreement(outputs, reference)
+            out[n]["identical"] = outputs == reference
+            print(f"  {name} {n}: {out[n]['agreement']}", flush=True)
+    seq, ov = out["sequential"]["tok_per_s"], out["overlapped"]["tok_per_s"]
+    out["overlapped_over_sequential"] = round(ov / seq, 3)
+    line(f"{name}: overlapped / sequential", "overlapped", ov, "sequential", seq)
+    stats = out["overlapped"]["overlap"]
+    print(f"  pre-draft hit rate {stats['hit_rate']:.2f} ({stats['hits']}/{stats['hits'] + stats['misses']}), "
+          f"hidden {stats['hidden_s']:.2f} s, waited for {stats['exposed_s']:.2f} s", flush=True)
+    if "target-only" in out:
+        line(f"{name}: overlapped / target-only", "overlapped", ov, "target-only", out["target-only"]["tok_per_s"])
+    return out
+
+
+def spans_picture(tracer: Tracer, path: Path, seconds: float = 1.5) -> Path:
+    """The target's and the drafter's spans of one overlapped request, side by side in time."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spans = [s for s in tracer.spans if s.name in ("verify", "draft", "wire")]
+    t0 = min(s.start_ns for s in spans)
+    spans = [s for s in spans if s.start_ns - t0 < seconds * 1e9]
+    tracks = sorted({s.track.label for s in spans})
+    colours = {"verify": "tab:blue", "draft": "tab:orange", "wire": "tab:grey"}
+    fig, ax = plt.subplots(figsize=(11, 1 + 0.8 * len(tracks)))
+    for i, label in enumerate(tracks):
+        for s in (s for s in spans if s.track.label == label):
+            ahead = s.args.get("ahead", False)
+            ax.broken_barh([((s.start_ns - t0) / 1e6, s.dur_ms)], (i - 0.35, 0.7), facecolors=colours[s.name],
+                           alpha=0.55 if ahead else 1.0, edgecolor="black", linewidth=0.3)
+    ax.set_yticks(range(len(tracks)), tracks)
+    ax.set_xlabel("ms")
+    ax.set_title("overlapped drafting: verify (blue) on the target's core, drafts (orange; pale = drafted ahead) "
+                 "on the drafter's", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts", type=int, default=10)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--parts", default="pinned,pinned-remote,shared")
+    args = ap.parse_args()
+    parts = args.parts.split(",")
+    env = machine_line()
+    ckpt = resolve(None)
+    tokenizer = load_tokenizer(ckpt)
+    prompts = (PROMPTS[:args.prompts - 1] + [GROUNDED])[:args.prompts]
+    prompts_ids = [tokenizer(p).input_ids for p in prompts]
+    export = export_drafter(ckpt, ExportOptions.for_drafter("int4", 32, True), progress=False)
+    report = {"machine": env, "prompts": len(prompts), "tokens": args.tokens, "k": args.k, "parts": {}}
+
+    reference = None
+    if "pinned" in parts or "pinned-remote" in parts:
+        default_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        os.sched_setaffinity(0, {TARGET_CORE})  # this (main) thread: the target's device
+        target = TargetRunner(ckpt, block_size=16, max_kv_tokens=8192)
+        eos = eos_token_ids(ckpt, tokenizer)
+        target_only = Engine(target, tokenizer, None, eos_token_ids=eos)
+        if "pinned" in parts:
+            tracer = Tracer(enabled=False)
+            drafter = OnCore(OnnxDrafter(export, num_threads=1), DRAFTER_CORE)
+            sides = {"target-only": target_only, **engines(target, tokenizer, ckpt, drafter, args.k, tracer)}
+            result = run_part("pinned", sides, prompts_ids, args.tokens, None)
+            reference = result["reference"]
+            report["parts"]["pinned"] = result
+            tracer.enabled = True  # one request traced, for the picture
+            hetspec_side(sides["overlapped"], 48)(prompts_ids[-1])
+            tracer.flush()
+            print(f"wrote {spans_picture(tracer, FIGURES / 'overlap-spans.png')}", flush=True)
+        if "pinned-remote" in parts:
+            proc, port = drafter_server(DRAFTER_CORE)
+            try:
+                remote = RemoteDrafter(f"127.0.0.1:{port}", vocab_size=target.vocab_size, timeout_s=30)
+                sides = engines(target, tokenizer, ckpt, remote, args.k)
+                rounds0 = (remote.round_trip_s, remote.compute_s, remote.num_batches)
+                result = run_part("pinned-remote", sides, prompts_ids, args.tokens, reference)
+                rt, comp, n = (a - b for a, b in zip((remote.round_trip_s, remote.compute_s, remote.num_batches),
+                                                     rounds0))
+                result["wire_ms_per_round_trip"] = round(1e3 * (rt - comp) / max(1, n), 3)
+                report["parts"]["pinned-remote"] = result
+                remote.close()
+            finally:
+                proc.terminate()
+                proc.wait()
+        torch.set_num_threads(default_threads)
+        os.sched_setaffinity(0, set(range(os.cpu_count())))
+
+    if "shared" in parts:
+        target = TargetRunner(ckpt, block_size=16, max_kv_tokens=8192)
+        drafter = OnnxDrafter(export)
+        sides = engines(target, tokenizer, ckpt, drafter, args.k)
+        report["parts"]["shared"] = run_part("shared", sides, prompts_ids, args.tokens, reference)
+    for part in report["parts"].values():
+        part.pop("reference")
+    write_report("overlap-cpu", report)
+
+
+if __name__ == "__main__":
+    t0 = time.perf_counter()
+    main()
+    print(f"bench_overlap took {time.perf_counter() - t0:.0f} s")

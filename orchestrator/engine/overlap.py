@@ -1,0 +1,124 @@
+"""Overlapped drafting: while the target verifies step t, the drafter drafts step t+1.
+
+The worker assumes the step's drafts are all accepted and that the target's next token is the
+drafter's own next choice, and drafts on from there (PEARL's post-verify; DuoDecoding and SGLang's
+overlap scheduler hide drafting the same way). When the verify result arrives, a sequence whose
+committed tokens are a prefix of what the worker assumed plus what it drafted takes the rest as its
+next drafts at no cost on the critical path (a hit); any other sequence drafts afresh (a miss).
+
+One worker thread: ONNX Runtime and torch release the GIL while they compute, so the drafter's
+model runs beside the target's forward. The engine touches the drafter only after `wait()`, so the
+drafter is never used from two threads at once. Greedy requests only: a sampled request's drafts
+and the verify's sampling share its random generator, and rejection sampling needs the draft's
+distribution from exactly the committed prefix; sampled requests draft as before.
+"""
+
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from orchestrator.engine.drafter import Drafter, DraftProposal, DraftRequest
+from orchestrator.tracing import Tracer, Track
+
+
+@dataclass
+class _Ahead:
+    base: int  # committed tokens when it was launched
+    assumed: list[int]  # what the worker took as committed next: this step's drafts
+    proposal: DraftProposal | None = None  # what it drafted after them
+
+
+@dataclass
+class OverlapStats:
+    """Engine-wide counters of overlapped drafting (for stats and profiling reports)."""
+
+    launched: int = 0  # sequence-steps pre-drafted
+    hits: int = 0  # ... whose pre-draft became the next step's draft
+    misses: int = 0  # ... whose pre-draft was discarded (a draft was rejected or the next token differed)
+    ahead_s: float = 0.0  # worker seconds spent pre-drafting
+    exposed_s: float = 0.0  # of which the engine waited for after the verify (not hidden)
+
+    @property
+    def hit_rate(self) -> float:
+        judged = self.hits + self.misses
+        return self.hits / judged if judged else 0.0
+
+    @property
+    def hidden_s(self) -> float:
+        return max(0.0, self.ahead_s - self.exposed_s)
+
+    def to_dict(self) -> dict:
+        return {"launched": self.launched, "hits": self.hits, "misses": self.misses, "hit_rate": self.hit_rate,
+                "ahead_s": self.ahead_s, "hidden_s": self.hidden_s, "exposed_s": self.exposed_s}
+
+
+class PreDrafter:
+    """Runs `Drafter.propose_ahead` on a worker thread; hands matching pre-drafts to the next step."""
+
+    def __init__(self, drafter: Drafter, tracer: Tracer, track: Track):
+        self.drafter, self.tracer, self.track = drafter, tracer, track
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetspec-predraft")
+        self._future: Future | None = None
+        self._pending: dict[int, _Ahead] = {}  # launched this step
+        self._ready: dict[int, _Ahead] = {}  # finished, waiting for their sequence's next step
+        self.stats = OverlapStats()
+
+    def pin(self, cpus: set[int]) -> None:
+        """Pin the worker thread to `cpus` (Linux: per thread), e.g. the drafter's core in a benchmark."""
+        self._pool.submit(os.sched_setaffinity, 0, cpus).result()
+
+    def take(self, seq_id: int, committed_from: Callable[[int], list[int]]) -> DraftProposal | None:
+        """The sequence's pre-draft; None (a miss) unless the tokens committed since it was launched
+        (`committed_from(start)`: the sequence's committed tokens from index `start`) are a prefix of
+        what the worker assumed and drafted."""
+        ahead = self._ready.pop(seq_id, None)
+        if ahead is None or ahead.proposal is None or ahead.proposal.unavailable:
+            return None
+        line = ahead.assumed + ahead.proposal.draft_ids
+        committed = committed_from(ahead.base)
+        n = len(committed)
+        if n >= len(line) or line[:n] != committed:
+            self.stats.misses += 1
+            return None
+        self.stats.hits += 1
+        skip = n - len(ahead.assumed)  # pre-drafted tokens that are committed now
+        confidence = ahead.proposal.confidence
+        return DraftProposal(draft_ids=line[n:], confidence=confidence[skip:] if confidence else None)
+
+    def launch(self, requests: list[DraftRequest], bases: dict[int, int], assumed: dict[int, list[int]],
+               step: int) -> None:
+        """Start drafting `requests`, each after its committed tokens plus `assumed[seq_id]`."""
+        self._ready.clear()  # a sequence not in this step's batch drafts afresh when it returns
+        if not requests:
+            return
+        self._pending = {r.seq_id: _Ahead(bases[r.seq_id], list(assumed[r.seq_id])) for r in requests}
+        self.stats.launched += len(requests)
+        self._future = self._pool.submit(self._run, requests, assumed, step)
+
+    def _run(self, requests, assumed, step) -> tuple[dict[int, DraftProposal], float]:
+        t0 = time.perf_counter()
+        with self.tracer.span("draft", self.track, step, ahead=True, num_sequences=len(requests)):
+            proposals = self.drafter.propose_ahead(requests, assumed)
+        return proposals, time.perf_counter() - t0
+
+    def wait(self) -> None:
+        """Block until the worker is done (the drafter is then free for the engine); errors surface here."""
+        if self._future is None:
+            return
+        t0 = time.perf_counter()
+        future, self._future = self._future, None
+        proposals, elapsed = future.result()
+        self.stats.exposed_s += time.perf_counter() - t0
+        self.stats.ahead_s += elapsed
+        for seq_id, ahead in self._pending.items():
+            ahead.proposal = proposals.get(seq_id)
+        self._ready, self._pending = self._pending, {}
+
+    def forget(self, seq_id: int) -> None:
+        self._ready.pop(seq_id, None)
+
+    def close(self) -> None:
+        self.wait()
+        self._pool.shutdown(wait=True)
