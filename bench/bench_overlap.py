@@ -133,11 +133,11 @@ def spans_picture(tracer: Tracer, path: Path, seconds: float = 1.5) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    spans = [s for s in tracer.spans if s.name in ("verify", "draft", "wire")]
+    spans = [s for s in tracer.spans if s.name in ("prefill", "verify", "draft", "wire")]
     t0 = min(s.start_ns for s in spans)
     spans = [s for s in spans if s.start_ns - t0 < seconds * 1e9]
     tracks = sorted({s.track.label for s in spans})
-    colours = {"verify": "tab:blue", "draft": "tab:orange", "wire": "tab:grey"}
+    colours = {"prefill": "tab:blue", "verify": "tab:blue", "draft": "tab:orange", "wire": "tab:grey"}
     fig, ax = plt.subplots(figsize=(11, 1 + 0.8 * len(tracks)))
     for i, label in enumerate(tracks):
         for s in (s for s in spans if s.track.label == label):

@@ -24,7 +24,8 @@ def check_profile(profile) -> dict:
                             "k_policy": profile.speculation.k_and_policy()[1],
                             "max_speculative_tokens": profile.speculation.k_and_policy()[0],
                             "verification": profile.speculation.verification.describe(),
-                            "lossy": profile.speculation.verification.lossy},
+                            "lossy": profile.speculation.verification.lossy,
+                            "overlap": profile.speculation.overlap},
             "memory": [asdict(i) for i in items], "devices": devices}
 
 
@@ -98,7 +99,7 @@ def format_check(report: dict) -> str:
     k = s["num_speculative_tokens"]
     k_text = f"auto (cost model, up to {s['max_speculative_tokens']})" if k == "auto" else f"{k} ({s['k_policy']})"
     lines.append(f"  k={k_text}, "
-                 f"verification {s['verification']}")
+                 f"verification {s['verification']}" + (", drafting overlapped with verification" if s["overlap"] else ""))
     lines.append("  memory (estimated):")
     lines += [f"    {m['device']:<8} {m['what']:<32} {_gib(m['nbytes']):>10}  {m['note']}".rstrip()
               for m in report["memory"]]
