@@ -1,5 +1,5 @@
 """Several drafters at once (seed 003, 6.2), combined by confidence: per sequence and step, the draft
-expected to commit the most tokens.
+expected to commit the most tokens (per second, once costs are measured).
 
 The drafters are asked in the order given, cheapest first (an n-gram lookup before a model). A
 sequence keeps the draft of the first drafter whose expected accepted length for that draft is at
@@ -10,14 +10,24 @@ each drafter's acceptance per draft position, per sequence, shrunk towards the d
 committed, kept or not (as far as they reach), so a drafter seldom chosen still learns where it would
 have been right: a lookup that copies well in one sequence is chosen there and not in another. Every
 drafter is told every committed token, so whichever is asked next step starts from the same text.
+
+Once the engine tells the target's expected forward time (`DraftRequest.step_s`) and a drafter's own
+cost per drafted position is measured (median of its recent calls), "expected" means expected
+committed tokens per second, (1 + accepted(k)) / (step_s + cost * k), and each drafter is asked for
+the k that maximises it (at most the engine's k): the engine plans one k for the mixture, while a
+model drafter pays for every position it drafts and a lookup almost nothing.
 """
 
+import time
+from dataclasses import replace
+
 from orchestrator.engine import Drafter, DrafterStatus, DraftProposal, DraftRequest
-from orchestrator.engine.measured import Acceptance
+from orchestrator.engine.measured import Acceptance, Recent
 
 PRIOR_ACCEPTANCE = 0.5  # a drafter's acceptance per position before it is measured
 PRIOR_WEIGHT = 8.0  # drafts before its own counts outweigh the prior
 SEQUENCE_WEIGHT = 4.0  # a sequence's own drafts before they outweigh the drafter's pooled rate
+COST_SAMPLES = 3  # calls measured before a drafter's cost counts (its first call catches up a prompt)
 
 
 class CombinedDrafter(Drafter):
@@ -35,6 +45,8 @@ class CombinedDrafter(Drafter):
         self.chosen = [0] * len(drafters)  # sequence-steps each drafter served
         self._drafts: dict[int, dict[int, list[int]]] = {}  # seq -> {drafter index: its draft this step}
         self._per_seq: dict[tuple[int, int], Acceptance] = {}  # (seq, drafter index) -> its own counts
+        # each drafter's seconds per drafted position and sequence, over its recent calls
+        self.cost = [Recent() for _ in drafters]
 
     def expected(self, i: int, k: int, seq_id: int | None = None) -> float:
         """Drafter i's expected accepted drafts out of k (for one sequence, or pooled): the sum over j
@@ -48,6 +60,29 @@ class CombinedDrafter(Drafter):
             p *= rate
             total += p
         return total
+
+    def position_cost(self, i: int) -> float | None:
+        """Drafter i's measured seconds per drafted position and sequence; None until measured."""
+        recent = self.cost[i]
+        return recent.value if len(recent.samples) >= COST_SAMPLES else None
+
+    def costed(self, step_s: float) -> bool:
+        """Whether choices weigh costs: the step time is known and every drafter's cost is measured."""
+        return step_s > 0 and all(self.position_cost(i) is not None for i in range(len(self.drafters)))
+
+    def best(self, i: int, k: int, seq_id: int | None, step_s: float) -> tuple[int, float]:
+        """Drafter i's draft length in 1..k with the most expected committed tokens per second, and that
+        rate; without costs (`costed`) k itself and its expected accepted drafts."""
+        if not self.costed(step_s):
+            return k, self.expected(i, k, seq_id)
+        return max(((n, self.rate(i, n, seq_id, step_s)) for n in range(1, k + 1)), key=lambda x: x[1])
+
+    def rate(self, i: int, n: int, seq_id: int | None, step_s: float) -> float:
+        """Expected committed tokens per second of a draft of n from drafter i (costs measured)."""
+        return (1 + self.expected(i, n, seq_id)) / (step_s + self.position_cost(i) * n)
+
+    def _score(self, i: int, n: int, seq_id: int, step_s: float) -> float:
+        return self.rate(i, n, seq_id, step_s) if self.costed(step_s) else self.expected(i, n, seq_id)
 
     def start(self, seq_id: int, prompt_ids: list[int]) -> None:
         self._forget(seq_id)
@@ -66,15 +101,20 @@ class CombinedDrafter(Drafter):
             if not pending:
                 break
             last = i == len(self.drafters) - 1
-            proposals = drafter.propose_batch(pending)
+            asked = [replace(r, k=self.best(i, r.k, r.seq_id, r.step_s)[0]) for r in pending]
+            t0 = time.perf_counter()
+            proposals = drafter.propose_batch(asked)
+            positions = max((len(p.draft_ids) for p in proposals.values()), default=0)
+            if positions:
+                self.cost[i].add((time.perf_counter() - t0) / positions / len(asked))
             rest = []
             for r in pending:
                 p = proposals[r.seq_id]
                 drafted = bool(p.draft_ids) and not p.unavailable
                 if drafted:
                     self._drafts.setdefault(r.seq_id, {})[i] = list(p.draft_ids)
-                if last or (drafted and self.expected(i, len(p.draft_ids), r.seq_id)
-                            >= max(self.expected(j, r.k, r.seq_id) for j in range(i + 1, len(self.drafters)))):
+                later = (self.best(j, r.k, r.seq_id, r.step_s)[1] for j in range(i + 1, len(self.drafters)))
+                if last or (drafted and self._score(i, len(p.draft_ids), r.seq_id, r.step_s) >= max(later)):
                     out[r.seq_id] = p
                     self.chosen[i] += 1
                 else:

@@ -37,6 +37,9 @@ class DraftRequest:
     # stop drafting at the first token the drafter itself gives less than this probability
     # (confidence early stop; drafters without a model ignore it)
     min_confidence: float = 0.0
+    # the target's expected seconds for this step's forward (0: not measured yet), for drafters that
+    # weigh their own cost against it (several drafters combined)
+    step_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -170,6 +170,11 @@ class Engine:
                                          threshold if p.greedy else 0.0))
         if not requests:
             return drafts
+        verify = self.policy.cost.verify
+        if verify.measured:  # the forward this plan makes: every sequence's pending tokens and drafts
+            step_s = verify(sum(seq.num_tokens - self.target.kv_length(seq.seq_id) + plan.ks.get(seq.seq_id, 0)
+                                for seq in seqs))
+            requests = [replace(r, step_s=step_s) for r in requests]
         t0 = time.perf_counter()
         flow = self.tracer.new_flow()
         self._flows.update((r.seq_id, flow) for r in requests)

@@ -7,7 +7,7 @@ import pytest
 from orchestrator.config import SamplingParams
 from orchestrator.drafters.combined import CombinedDrafter
 from orchestrator.drafters.ngram import NgramDrafter
-from orchestrator.engine import Engine
+from orchestrator.engine import DraftRequest, Engine
 from orchestrator.models import TargetRunner, eos_token_ids
 
 from prompts import GROUNDED, PROMPTS
@@ -58,3 +58,29 @@ def test_a_drafter_that_never_matches_leaves_every_sequence_to_the_next(target, 
 def test_a_combined_drafter_needs_two():
     with pytest.raises(ValueError, match="at least two"):
         CombinedDrafter([NgramDrafter()])
+
+
+def _measured(combined: CombinedDrafter, i: int, seconds_per_position: float) -> None:
+    for _ in range(3):
+        combined.cost[i].add(seconds_per_position)
+
+
+def test_each_drafter_drafts_the_k_with_the_most_tokens_per_second():
+    """Hand-computed: unmeasured acceptance is the prior 0.5 per position, so a draft of n expects
+    1 + (1 - 0.5^n) committed tokens; at a 0.1 s forward and 0.01 s per drafted position the rates are
+    n=1 1.5/0.11 = 13.64, n=2 1.75/0.12 = 14.58, n=3 1.875/0.13 = 14.42, n=4 1.9375/0.14 = 13.84 tok/s:
+    k = 2. A drafter that costs nothing drafts the engine's full k. Until every drafter is measured
+    (3 calls each) and the step time is known, each drafts the full k and they compare expected
+    accepted lengths."""
+    combined = CombinedDrafter([NgramDrafter(), NgramDrafter()])
+    _measured(combined, 1, 0.01)
+    assert combined.best(1, 4, 0, 0.1) == (4, pytest.approx(0.9375))  # the lookup is not measured yet
+    _measured(combined, 0, 0.0)
+    k, rate = combined.best(1, 4, 0, 0.1)
+    assert k == 2 and rate == pytest.approx(1.75 / 0.12)
+    assert combined.best(1, 4, 0, 0.0) == (4, pytest.approx(0.9375))  # no step time yet
+    assert combined.best(0, 4, 0, 0.1) == (4, pytest.approx(1.9375 / 0.1))
+    # the lookup's draft of 4 (1.9375 / 0.1 s = 19.4 tok/s) beats the second drafter's best (14.6): kept
+    combined.start(0, [7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9])
+    proposal = combined.propose_batch([DraftRequest(0, 4, step_s=0.1)])[0]
+    assert proposal.draft_ids == [1, 2, 3, 4] and combined.chosen == [1, 0]
