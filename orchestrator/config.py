@@ -64,7 +64,7 @@ class SamplingParams:
         if k is not None and not 0 <= k <= MAX_SPECULATIVE_TOKENS:
             raise InvalidRequestError(f"num_speculative_tokens: must be in [0, {MAX_SPECULATIVE_TOKENS}], "
                                       f"got {k}", "num_speculative_tokens")
-        if self.acceptance is not None or self.acceptance_options:
+        if self.acceptance is not None:  # options alone apply to the engine's default: checked there
             self.policy(AcceptancePolicy())
 
     def policy(self, default: "AcceptancePolicy") -> "AcceptancePolicy":

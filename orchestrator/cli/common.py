@@ -92,10 +92,22 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
                                 acceptance=args.acceptance, acceptance_options=options)
         params.validate()
     except InvalidRequestError as e:
-        if (e.field or "").startswith(("acceptance", "--acceptance")):
-            raise UsageError(str(e).replace("acceptance_options.", "--acceptance-option ")) from None
-        raise
+        _usage(e)
     return params
+
+
+def check_acceptance(params: SamplingParams, default) -> None:
+    """Options given without a policy name apply to the profile's default policy: checked against it."""
+    try:
+        params.policy(default)
+    except InvalidRequestError as e:
+        _usage(e)
+
+
+def _usage(e: InvalidRequestError):
+    if (e.field or "").startswith(("acceptance", "--acceptance")):
+        raise UsageError(str(e).replace("acceptance_options.", "--acceptance-option ")) from None
+    raise e
 
 
 def print_result(result: dict, as_json: bool) -> None:

@@ -3,7 +3,14 @@
 import argparse
 
 from orchestrator.assemble import build_engine
-from orchestrator.cli.common import add_export_args, add_model_arg, add_sampling_args, print_result, sampling_params
+from orchestrator.cli.common import (
+    add_export_args,
+    add_model_arg,
+    add_sampling_args,
+    check_acceptance,
+    print_result,
+    sampling_params,
+)
 from orchestrator.config import DTYPES
 from orchestrator.models import encode_prompt
 from orchestrator.profiles import Overrides, apply_overrides, load_profile
@@ -54,6 +61,7 @@ def overrides(args: argparse.Namespace) -> Overrides:
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     config = apply_overrides(load_profile(args.profile or DEFAULT_PROFILE), overrides(args))
+    check_acceptance(params, config.acceptance)  # before the model loads
     engine = build_engine(config, progress=not args.json)
     prompt_ids = encode_prompt(engine.tokenizer, args.prompt, chat=not args.raw)
 

@@ -162,3 +162,13 @@ def test_a_sampled_request_naming_a_lossy_policy_is_refused_and_a_lossy_default_
     assert SamplingParams(temperature=0.7).policy(lossy).name == "rejection"
     assert SamplingParams().policy(lossy) is lossy
     assert SamplingParams(acceptance="block", acceptance_options=(("m", 2.0),)).policy(lossy).option("m") == 2.0
+
+
+def test_options_without_a_policy_name_apply_to_the_engines_default():
+    """A request giving only options (e.g. a tighter delta) is valid under a lossy default that has them,
+    and refused, naming the option, under the lossless default that has none."""
+    params = SamplingParams(acceptance_options=(("delta", 0.05),))
+    params.validate()  # the engine's default is not known here
+    assert params.policy(AcceptancePolicy.parse("nkl")).option("delta") == 0.05
+    with pytest.raises(InvalidRequestError, match="policy 'rejection' has no option 'delta'"):
+        params.policy(AcceptancePolicy())

@@ -188,6 +188,9 @@ MALFORMED = [
      "acceptance: unknown acceptance policy 'fuzzy'; allowed: rejection, strict, nkl"),
     (pb.GenerateRequest(prompt="hi", acceptance="nkl", acceptance_options={"gamma": 1.0}),
      grpc.StatusCode.INVALID_ARGUMENT, "acceptance_options.gamma: policy 'nkl' has no option 'gamma'"),
+    # options alone apply to the server's default policy (here rejection, which has none)
+    (pb.GenerateRequest(prompt="hi", acceptance_options={"delta": 0.1}), grpc.StatusCode.INVALID_ARGUMENT,
+     "acceptance_options.delta: policy 'rejection' has no option 'delta'"),
     (pb.GenerateRequest(prompt="hi", acceptance="nkl", temperature=0.7), grpc.StatusCode.INVALID_ARGUMENT,
      "nkl is lossy and judges greedy requests only"),
     (BAD_UTF8_STOP, grpc.StatusCode.INVALID_ARGUMENT, "stop[0]: not valid UTF-8"),
