@@ -30,20 +30,23 @@ def drafter(smollm2):
     d.close()
 
 
-def _engine(target, tokenizer, ckpt, drafter=None, tracer=None):
+def _engine(target, tokenizer, ckpt, drafter=None, tracer=None, overlap=False):
     return Engine(target, tokenizer, drafter, num_speculative_tokens=4, eos_token_ids=eos_token_ids(ckpt, tokenizer),
-                  tracer=tracer)
+                  tracer=tracer, overlap=overlap)
 
 
-def test_handed_off_kv_is_the_targets_and_output_stays_lossless(target, drafter, smollm2, smollm2_tokenizer):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_handed_off_kv_is_the_targets_and_output_stays_lossless(target, drafter, smollm2, smollm2_tokenizer, overlap):
+    """Also with the next step drafted ahead while the target verifies (`overlap`)."""
     ids = smollm2_tokenizer(GROUNDED).input_ids  # a few hundred tokens
     params = SamplingParams(max_new_tokens=48, ignore_eos=True)
     expected = _engine(target, smollm2_tokenizer, smollm2).generate(ids, params).output_ids
     handoff = KvHandoffDrafter(drafter, target)
-    engine = _engine(target, smollm2_tokenizer, smollm2, handoff)
+    engine = _engine(target, smollm2_tokenizer, smollm2, handoff, overlap=overlap)
     seq = engine.generate(ids, params)
     assert seq.output_ids == expected
     assert seq.stats.num_drafted > 0 and seq.stats.num_accepted > 0
+    assert (seq.stats.steps_predrafted > 0) == overlap
     s = target.model.spec
     assert handoff.bytes_sent >= s.num_layers * 2 * s.num_kv_heads * len(ids) * s.head_dim * 4
 

@@ -190,11 +190,12 @@ def test_adaptive_k_is_lossless_and_varies_the_draft_length(target, smollm2, smo
     assert len(lengths) > 2 and max(lengths) == 6
 
 
-@pytest.mark.parametrize("preemption", ["recompute", "swap"])
-def test_preemption_when_the_pool_is_short_stays_lossless(smollm2, smollm2_tokenizer, reference, preemption):
+@pytest.mark.parametrize("preemption, overlap", [("recompute", False), ("swap", False), ("recompute", True)])
+def test_preemption_when_the_pool_is_short_stays_lossless(smollm2, smollm2_tokenizer, reference, preemption, overlap):
     # 12 blocks of 16 tokens cannot hold three sequences of ~40 + 128 tokens at once
     small = TargetRunner(smollm2, block_size=16, max_kv_tokens=192)
-    engine = make_engine(small, smollm2_tokenizer, smollm2, NgramDrafter(), k=4, preemption=preemption)
+    engine = Engine(small, smollm2_tokenizer, NgramDrafter(), num_speculative_tokens=4, preemption=preemption,
+                    eos_token_ids=eos_token_ids(smollm2, smollm2_tokenizer), overlap=overlap)
     prompts = list(reference)[:3]
     ids = {engine.add_request(smollm2_tokenizer(p).input_ids, SamplingParams(max_new_tokens=128, ignore_eos=True)): p
            for p in prompts}
