@@ -112,6 +112,7 @@ def run_part(name: str, sides: dict, prompts_ids: list, tokens: int, reference: 
                   "steps_predrafted": sum(s.steps_predrafted for s in stats)}
         if sides[n].overlap is not None:
             out[n]["overlap"] = sides[n].overlap.stats.to_dict()
+            out[n]["gate"] = sides[n].overlap.gate.to_dict()
         if reference is not None:
             out[n]["agreement"] = agreement(outputs, reference)
             out[n]["identical"] = outputs == reference
@@ -122,6 +123,9 @@ def run_part(name: str, sides: dict, prompts_ids: list, tokens: int, reference: 
     stats = out["overlapped"]["overlap"]
     print(f"  pre-draft hit rate {stats['hit_rate']:.2f} ({stats['hits']}/{stats['hits'] + stats['misses']}), "
           f"hidden {stats['hidden_s']:.2f} s, waited for {stats['exposed_s']:.2f} s", flush=True)
+    gate = out["overlapped"]["gate"]
+    print(f"  gate: drafted ahead on {gate['steps_ahead']} steps, not on {gate['steps_not_ahead']}; measured "
+          f"forward slowdown {gate['forward_slowdown']}", flush=True)
     if "target-only" in out:
         line(f"{name}: overlapped / target-only", "overlapped", ov, "target-only", out["target-only"]["tok_per_s"])
     return out

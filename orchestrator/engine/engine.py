@@ -183,6 +183,8 @@ class Engine:
         with self.tracer.span("draft", self._drafter_track, self.num_steps, request, flow_out=flow):
             drafts.update(self.drafter.propose_batch(requests))
         elapsed = time.perf_counter() - t0
+        if self.overlap is not None:
+            self.overlap.gate.fresh_s.add(elapsed / len(requests))
         catch_up = sum(self._drafter_lag(self.sequences[r.seq_id]) - 1 for r in requests)
         lengths = [len(drafts[r.seq_id].draft_ids) for r in requests]
         self.policy.cost.record_draft(len(requests), sum(lengths), catch_up, elapsed, positions=max(lengths))
@@ -225,7 +227,14 @@ class Engine:
                 continue
             requests.append(DraftRequest(seq.seq_id, min(num, left), min_confidence=threshold))
             assumed[seq.seq_id], bases[seq.seq_id] = list(draft.draft_ids), seq.num_tokens
+        if requests and not self.overlap.gate.wanted(len(requests), self._forward_s(seqs, drafts)):
+            requests = []  # measured not to pay: the next step drafts afresh
         self.overlap.launch(requests, bases, assumed, self.num_steps)
+
+    def _forward_s(self, seqs: list[Sequence], drafts: dict[int, DraftProposal]) -> float:
+        """The verify curve's seconds for this step's forward (pending tokens and drafts)."""
+        return self.policy.cost.verify(sum(seq.num_tokens - self.target.kv_length(seq.seq_id)
+                                           + len(drafts[seq.seq_id].draft_ids) for seq in seqs))
 
     @staticmethod
     def _drafter_lag(seq: Sequence) -> int:
@@ -264,6 +273,8 @@ class Engine:
                 results = [replace(r, output_ids=r.output_ids.cpu(), num_accepted=r.num_accepted.cpu())
                            for r in results]
         elapsed = time.perf_counter() - t0
+        if self.overlap is not None and phase == "verify" and self.policy.cost.verify.measured:
+            self.overlap.gate.record_forward(elapsed / self.policy.cost.verify(num_tokens), self.overlap.running)
         self.preemption.record_forward(num_tokens, elapsed)
         for seq in seqs:
             if seq.prefilled:

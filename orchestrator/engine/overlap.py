@@ -6,6 +6,12 @@ overlap scheduler hide drafting the same way). When the verify result arrives, a
 committed tokens are a prefix of what the worker assumed plus what it drafted takes the rest as its
 next drafts at no cost on the critical path (a hit); any other sequence drafts afresh (a miss).
 
+Whether to draft ahead is decided every step (`OverlapGate`) from what it measures: how much slower
+the target's forward runs while the worker drafts (a drafter thread in the target's process takes
+turns with it on the GIL; on shared cores they take turns on the cores) against the fresh-draft
+time that hits save. Where drafting ahead does not pay, the engine drafts as without overlap, and
+every `PROBE_EVERY` steps tries the other choice to keep both measured.
+
 One worker thread: ONNX Runtime and torch release the GIL while they compute, so the drafter's
 model runs beside the target's forward. The engine touches the drafter only after `wait()`, so the
 drafter is never used from two threads at once. Greedy requests only: a sampled request's drafts
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from orchestrator.engine.drafter import Drafter, DraftProposal, DraftRequest
+from orchestrator.engine.measured import Recent
 from orchestrator.tracing import Tracer, Track
 
 
@@ -54,6 +61,58 @@ class OverlapStats:
                 "ahead_s": self.ahead_s, "hidden_s": self.hidden_s, "exposed_s": self.exposed_s}
 
 
+PROBE_EVERY = 16  # steps between tries of the choice the gate is not making
+HIT_DECAY = 0.95  # the hit rate is an exponentially weighted mean of recent takes
+PRIOR_HIT_RATE = 0.3
+
+
+class OverlapGate:
+    """Decides each step whether drafting ahead pays:
+
+        saved = hit rate * fresh-draft seconds per sequence * sequences drafted ahead
+        cost  = (forward time with the worker running / without - 1) * predicted forward seconds
+
+    forward times are taken relative to the target's verify curve (so steps of any size compare), the
+    median of recent ones each way. Until both ways have 3 forwards it alternates."""
+
+    def __init__(self, probe_every: int = PROBE_EVERY):
+        self.probe_every = probe_every
+        self.ratio = {True: Recent(9), False: Recent(9)}  # forward seconds / the curve's, with / without
+        self.fresh_s = Recent(9)  # seconds of a fresh draft, per sequence drafted
+        self.hit_rate = PRIOR_HIT_RATE
+        self.steps = {True: 0, False: 0}  # steps drafted ahead / not (for stats)
+
+    def record_forward(self, ratio: float, overlapped: bool) -> None:
+        self.ratio[overlapped].add(ratio)
+
+    def record_take(self, hit: bool) -> None:
+        self.hit_rate = HIT_DECAY * self.hit_rate + (1 - HIT_DECAY) * hit
+
+    def slowdown(self) -> float | None:
+        """Measured relative slowdown of the target's forward while the worker runs (None: not yet)."""
+        on, off = self.ratio[True].samples, self.ratio[False].samples
+        if len(on) < 3 or len(off) < 3:
+            return None
+        return self.ratio[True].value / self.ratio[False].value - 1
+
+    def wanted(self, num_seqs: int, forward_s: float) -> bool:
+        slowdown = self.slowdown()
+        if slowdown is None or not self.fresh_s.samples:
+            choice = len(self.ratio[True].samples) <= len(self.ratio[False].samples)  # measure both
+        else:
+            choice = self.hit_rate * self.fresh_s.value * num_seqs > max(0.0, slowdown) * forward_s
+            if (sum(self.steps.values()) + 1) % self.probe_every == 0:
+                choice = not choice
+        self.steps[choice] += 1
+        return choice
+
+    def to_dict(self) -> dict:
+        slowdown = self.slowdown()
+        return {"steps_ahead": self.steps[True], "steps_not_ahead": self.steps[False],
+                "forward_slowdown": slowdown, "hit_rate_recent": self.hit_rate,
+                "fresh_draft_ms": self.fresh_s.value * 1e3 if self.fresh_s.samples else None}
+
+
 class PreDrafter:
     """Runs `Drafter.propose_ahead` on a worker thread; hands matching pre-drafts to the next step."""
 
@@ -64,6 +123,7 @@ class PreDrafter:
         self._pending: dict[int, _Ahead] = {}  # launched this step
         self._ready: dict[int, _Ahead] = {}  # finished, waiting for their sequence's next step
         self.stats = OverlapStats()
+        self.gate = OverlapGate()
 
     def pin(self, cpus: set[int]) -> None:
         """Pin the worker thread to `cpus` (Linux: per thread), e.g. the drafter's core in a benchmark."""
@@ -81,8 +141,10 @@ class PreDrafter:
         n = len(committed)
         if n >= len(line) or line[:n] != committed:
             self.stats.misses += 1
+            self.gate.record_take(False)
             return None
         self.stats.hits += 1
+        self.gate.record_take(True)
         skip = n - len(ahead.assumed)  # pre-drafted tokens that are committed now
         confidence = ahead.proposal.confidence
         return DraftProposal(draft_ids=line[n:], confidence=confidence[skip:] if confidence else None)
@@ -102,6 +164,10 @@ class PreDrafter:
         with self.tracer.span("draft", self.track, step, ahead=True, num_sequences=len(requests)):
             proposals = self.drafter.propose_ahead(requests, assumed)
         return proposals, time.perf_counter() - t0
+
+    @property
+    def running(self) -> bool:
+        return self._future is not None
 
     def wait(self) -> None:
         """Block until the worker is done (the drafter is then free for the engine); errors surface here."""
