@@ -273,8 +273,8 @@ class Engine:
                 results = [replace(r, output_ids=r.output_ids.cpu(), num_accepted=r.num_accepted.cpu())
                            for r in results]
         elapsed = time.perf_counter() - t0
-        if self.overlap is not None and phase == "verify" and self.policy.cost.verify.measured:
-            self.overlap.gate.record_forward(elapsed / self.policy.cost.verify(num_tokens), self.overlap.running)
+        if self.overlap is not None and phase == "verify":
+            self.overlap.gate.record_forward(num_tokens, elapsed, self.overlap.running)
         self.preemption.record_forward(num_tokens, elapsed)
         for seq in seqs:
             if seq.prefilled:

@@ -20,6 +20,7 @@ distribution from exactly the committed prefix; sampled requests draft as before
 """
 
 import os
+import statistics
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -72,33 +73,36 @@ class OverlapGate:
         saved = hit rate * fresh-draft seconds per sequence * sequences drafted ahead
         cost  = (forward time with the worker running / without - 1) * predicted forward seconds
 
-    forward times are taken relative to the target's verify curve (so steps of any size compare), the
-    median of recent ones each way. Until both ways have 3 forwards it alternates."""
+    forward times are compared at equal sizes (tokens in the forward): per size the median of the
+    recent forwards each way, the slowdown the median over sizes seen both ways. (Not relative to the
+    engine's verify curve: that curve follows whichever way most recent steps ran, so the other way's
+    older ratios would drift against it.) Until some size has 3 forwards each way it alternates."""
 
     def __init__(self, probe_every: int = PROBE_EVERY):
         self.probe_every = probe_every
-        self.ratio = {True: Recent(9), False: Recent(9)}  # forward seconds / the curve's, with / without
+        # forward seconds per size (tokens in the forward), with / without the worker running
+        self.times: dict[bool, dict[int, Recent]] = {True: {}, False: {}}
         self.fresh_s = Recent(9)  # seconds of a fresh draft, per sequence drafted
         self.hit_rate = PRIOR_HIT_RATE
         self.steps = {True: 0, False: 0}  # steps drafted ahead / not (for stats)
 
-    def record_forward(self, ratio: float, overlapped: bool) -> None:
-        self.ratio[overlapped].add(ratio)
+    def record_forward(self, num_tokens: int, seconds: float, overlapped: bool) -> None:
+        self.times[overlapped].setdefault(num_tokens, Recent(5)).add(seconds)
 
     def record_take(self, hit: bool) -> None:
         self.hit_rate = HIT_DECAY * self.hit_rate + (1 - HIT_DECAY) * hit
 
     def slowdown(self) -> float | None:
         """Measured relative slowdown of the target's forward while the worker runs (None: not yet)."""
-        on, off = self.ratio[True].samples, self.ratio[False].samples
-        if len(on) < 3 or len(off) < 3:
-            return None
-        return self.ratio[True].value / self.ratio[False].value - 1
+        on, off = self.times[True], self.times[False]
+        ratios = [on[n].value / off[n].value for n in on.keys() & off.keys()
+                  if len(on[n].samples) >= 3 and len(off[n].samples) >= 3]
+        return statistics.median(ratios) - 1 if ratios else None
 
     def wanted(self, num_seqs: int, forward_s: float) -> bool:
         slowdown = self.slowdown()
         if slowdown is None or not self.fresh_s.samples:
-            choice = len(self.ratio[True].samples) <= len(self.ratio[False].samples)  # measure both
+            choice = self.steps[True] <= self.steps[False]  # measure both
         else:
             choice = self.hit_rate * self.fresh_s.value * num_seqs > max(0.0, slowdown) * forward_s
             if (sum(self.steps.values()) + 1) % self.probe_every == 0:

@@ -61,18 +61,23 @@ def test_drafters_that_cannot_draft_ahead_are_refused():
 
 
 def test_the_gate_drafts_ahead_only_where_the_hits_save_more_than_the_slowdown_costs():
-    """Hand-computed: forwards 12% slower with the worker running (1.12 vs 1.00 of the curve's
-    prediction) cost 0.012 s of a 0.1 s forward; hits save hit rate * 0.03 s per sequence: at 0.3
+    """Hand-computed: forwards of 4 tokens take 0.112 s with the worker running and 0.100 s without: a
+    12% slowdown costs 0.012 s of a 0.1 s forward; hits save hit rate * 0.03 s per sequence: at 0.3
     that is 0.009 s (no), with two sequences 0.018 s (yes), at a hit rate of 0.5 0.015 s (yes).
-    Until both ways are measured it alternates; every 16th step it tries the other choice."""
+    Until both ways are measured at one size it alternates; every 16th step it tries the other way."""
     gate = OverlapGate()
     explored = []
     for _ in range(6):  # nothing measured: both ways in turn, each forward recorded as the engine does
         explored.append(gate.wanted(1, 0.1))
-        gate.record_forward(1.12 if explored[-1] else 1.0, explored[-1])
+        gate.record_forward(4, 0.112 if explored[-1] else 0.100, explored[-1])
+        gate.record_forward(9, 0.5, explored[-1])  # a size seen both ways with no difference ...
+    gate.record_forward(5, 9.9, True)  # ... and one seen one way only: neither moves the median much
     assert explored == [True, False] * 3
     gate.fresh_s.add(0.03)
     gate.hit_rate = 0.3
+    assert gate.slowdown() == pytest.approx(0.06)  # median of 12% (4 tokens) and 0% (9 tokens)
+    for _ in range(3):
+        gate.record_forward(9, 0.56, True)  # now 12% at 9 tokens too (the median of the last 5)
     assert gate.slowdown() == pytest.approx(0.12)
     assert [gate.wanted(1, 0.1), gate.wanted(2, 0.1)] == [False, True]
     gate.hit_rate = 0.5
