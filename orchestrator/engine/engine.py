@@ -13,11 +13,10 @@ from orchestrator.engine.acceptance import verify_request
 from orchestrator.engine.detok import TextStream
 from orchestrator.engine.drafter import Drafter, DraftProposal, DraftRequest
 from orchestrator.engine.overlap import PreDrafter
-from orchestrator.engine.preemption import PreemptionPolicy
+from orchestrator.engine.preemption import Preempter
 from orchestrator.engine.scheduler import Scheduler
 from orchestrator.engine.sequence import Sequence, Status
 from orchestrator.engine.speculation import Candidate, KPolicy, Plan, next_draft_len
-from orchestrator.engine.swap import HostKv, swap_in, swap_out
 from orchestrator.engine.verify import VerifyResult
 from orchestrator.errors import InvalidRequestError
 from orchestrator.models import TargetRunner
@@ -62,12 +61,9 @@ class Engine:
                               batched_drafter=drafter is not None and drafter.batched)
         self._expected = Plan({})  # this step's plan, with what the policy expects of it
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.preemption = PreemptionPolicy(preemption)
         self.staging = staging or StagingPool(target.device)
-        self._swapped: dict[int, HostKv] = {}  # seq_id -> K/V of a preempted sequence, on the host
-        self.num_preemptions_swap = 0
-        self.num_preemptions_recompute = 0
-        self.scheduler = Scheduler(target.pool, max_num_seqs, preempt=self._preempt)
+        self.preempter = Preempter(target, preemption, self.staging)
+        self.scheduler = Scheduler(target.pool, max_num_seqs, preempt=lambda seq: self.preempter.preempt(seq.seq_id))
         pool_tokens = target.pool.num_blocks * target.pool.block_size
         # longest sequence we can hold: a verify step adds up to k + 1 positions at once
         self.max_len = min(target.max_context, pool_tokens - self.k - 1)
@@ -127,7 +123,7 @@ class Engine:
     def step(self) -> list[StepOutput]:
         with self.tracer.span("schedule", self._host, step=self.num_steps):
             seqs = self.scheduler.schedule()
-            self._swap_in(seqs)
+            self.preempter.restore([seq.seq_id for seq in seqs])
         if not seqs:
             return []
         drafts = self._propose(seqs)
@@ -170,11 +166,8 @@ class Engine:
                                          threshold if p.greedy else 0.0))
         if not requests:
             return drafts
-        verify = self.policy.cost.verify
-        if verify.measured:  # the forward this plan makes: every sequence's pending tokens and drafts
-            step_s = verify(sum(seq.num_tokens - self.target.kv_length(seq.seq_id) + plan.ks.get(seq.seq_id, 0)
-                                for seq in seqs))
-            requests = [replace(r, step_s=step_s) for r in requests]
+        step_s = self._forward_s(seqs, plan.ks)  # for drafters weighing their cost against the target's
+        requests = [replace(r, step_s=step_s) for r in requests]
         t0 = time.perf_counter()
         flow = self.tracer.new_flow()
         self._flows.update((r.seq_id, flow) for r in requests)
@@ -202,39 +195,22 @@ class Engine:
         return cost.confidence_threshold(cost.break_even(plan)) if self.policy.policy == "auto" else 0.0
 
     def _predrafted(self, seq: Sequence) -> DraftProposal | None:
-        """The sequence's pre-draft, if the worker's assumption held (greedy requests only)."""
-        if self.overlap is None or not seq.params.greedy or self._draft_cap(seq) == 0:
-            return None
-        ahead = self.overlap.take(seq.seq_id, seq.ids_from)
-        if ahead is None or not ahead.draft_ids:
-            return None
-        cap = self._draft_cap(seq)
-        return replace(ahead, draft_ids=ahead.draft_ids[:cap],
-                       confidence=ahead.confidence[:cap] if ahead.confidence else None)
+        return None if self.overlap is None else self.overlap.predrafted(seq, self._draft_cap(seq))
 
     def _draft_ahead(self, seqs: list[Sequence], drafts: dict[int, DraftProposal]) -> None:
-        """Start drafting the next step for every greedy sequence that drafts this one, assuming its
-        drafts are accepted and the target's next token is the drafter's next: k + 1 tokens on."""
-        requests, assumed, bases = [], {}, {}
-        threshold = self._confidence_threshold(self._expected)
-        for seq in seqs:
-            draft = drafts[seq.seq_id]
-            if not seq.params.greedy or not draft.draft_ids or draft.unavailable:
-                continue
-            left = seq.remaining - len(draft.draft_ids) - 1  # tokens still to generate after a full accept
-            num = min(self._draft_cap(seq), max(self._expected.ks.get(seq.seq_id, 0), 1)) + 1
-            if min(num, left) < 2:  # the guess alone drafts nothing for the next step
-                continue
-            requests.append(DraftRequest(seq.seq_id, min(num, left), min_confidence=threshold))
-            assumed[seq.seq_id], bases[seq.seq_id] = list(draft.draft_ids), seq.num_tokens
-        if requests and not self.overlap.gate.wanted(len(requests), self._forward_s(seqs, drafts)):
-            requests = []  # measured not to pay: the next step drafts afresh
-        self.overlap.launch(requests, bases, assumed, self.num_steps)
+        lengths = {seq.seq_id: len(drafts[seq.seq_id].draft_ids) for seq in seqs}
+        self.overlap.draft_ahead(seqs, drafts, {seq.seq_id: self._draft_cap(seq) for seq in seqs},
+                                 self._expected.ks, self._confidence_threshold(self._expected),
+                                 self._forward_s(seqs, lengths), self.num_steps)
 
-    def _forward_s(self, seqs: list[Sequence], drafts: dict[int, DraftProposal]) -> float:
-        """The verify curve's seconds for this step's forward (pending tokens and drafts)."""
-        return self.policy.cost.verify(sum(seq.num_tokens - self.target.kv_length(seq.seq_id)
-                                           + len(drafts[seq.seq_id].draft_ids) for seq in seqs))
+    def _forward_s(self, seqs: list[Sequence], num_drafts: dict[int, int]) -> float:
+        """The verify curve's seconds for a forward over `seqs`' pending tokens and drafts (0: no
+        forward measured yet)."""
+        verify = self.policy.cost.verify
+        if not verify.measured:
+            return 0.0
+        return verify(sum(seq.num_tokens - self.target.kv_length(seq.seq_id) + num_drafts.get(seq.seq_id, 0)
+                          for seq in seqs))
 
     @staticmethod
     def _drafter_lag(seq: Sequence) -> int:
@@ -275,7 +251,7 @@ class Engine:
         elapsed = time.perf_counter() - t0
         if self.overlap is not None and phase == "verify":
             self.overlap.gate.record_forward(num_tokens, elapsed, self.overlap.running)
-        self.preemption.record_forward(num_tokens, elapsed)
+        self.preempter.policy.record_forward(num_tokens, elapsed)
         for seq in seqs:
             if seq.prefilled:
                 seq.stats.time_verify_s += elapsed
@@ -377,39 +353,19 @@ class Engine:
         seq.finish_s = time.perf_counter()
         self.scheduler.remove(seq)
         self.target.free(seq.seq_id)
-        kv = self._swapped.pop(seq.seq_id, None)  # finished or cancelled while swapped out
-        if kv is not None:
-            kv.release()
+        self.preempter.release(seq.seq_id)  # finished or cancelled while swapped out
         if self.drafter is not None and seq.k:
             self.drafter.finish(seq.seq_id)
         if self.overlap is not None:
             self.overlap.forget(seq.seq_id)
 
-    # ---- preemption ------------------------------------------------------------------
+    @property
+    def num_preemptions_swap(self) -> int:
+        return self.preempter.num_swap
 
-    def _preempt(self, seq: Sequence) -> None:
-        """Take a sequence's K/V out of the pool: to host memory, or dropped to be recomputed."""
-        pool = self.target.pool
-        num_bytes = len(pool.tables.get(seq.seq_id, ())) * pool.kv[:, :, 0].nbytes  # block: [L, 2, bs, H, D]
-        if self.preemption.choose(num_bytes, self.target.kv_length(seq.seq_id)) == "recompute":
-            self.target.free(seq.seq_id)
-            self.num_preemptions_recompute += 1
-            return
-        t0 = time.perf_counter()
-        self._swapped[seq.seq_id] = swap_out(self.target, seq.seq_id, self.staging)
-        self.preemption.record_copy(num_bytes, time.perf_counter() - t0)
-        self.num_preemptions_swap += 1
-
-    def _swap_in(self, seqs: list[Sequence]) -> None:
-        """Put swapped-out K/V back for re-admitted sequences (the scheduler reserved the blocks)."""
-        for seq in seqs:
-            kv = self._swapped.pop(seq.seq_id, None)
-            if kv is None:
-                continue
-            t0 = time.perf_counter()
-            num_bytes = kv.nbytes
-            swap_in(self.target, seq.seq_id, kv)
-            self.preemption.record_copy(num_bytes, time.perf_counter() - t0)
+    @property
+    def num_preemptions_recompute(self) -> int:
+        return self.preempter.num_recompute
 
     # ---- convenience -----------------------------------------------------------------
 

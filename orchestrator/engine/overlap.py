@@ -23,7 +23,7 @@ import os
 import statistics
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from orchestrator.engine.drafter import Drafter, DraftProposal, DraftRequest
@@ -132,6 +132,36 @@ class PreDrafter:
     def pin(self, cpus: set[int]) -> None:
         """Pin the worker thread to `cpus` (Linux: per thread), e.g. the drafter's core in a benchmark."""
         self._pool.submit(os.sched_setaffinity, 0, cpus).result()
+
+    def predrafted(self, seq, cap: int) -> DraftProposal | None:
+        """A sequence's pre-draft (at most `cap` tokens), if the worker's assumption held; greedy only."""
+        if not seq.params.greedy or cap == 0:
+            return None
+        ahead = self.take(seq.seq_id, seq.ids_from)
+        if ahead is None or not ahead.draft_ids:
+            return None
+        return replace(ahead, draft_ids=ahead.draft_ids[:cap],
+                       confidence=ahead.confidence[:cap] if ahead.confidence else None)
+
+    def draft_ahead(self, seqs, drafts: dict[int, DraftProposal], caps: dict[int, int], planned: dict[int, int],
+                    min_confidence: float, forward_s: float, step: int) -> None:
+        """Start drafting the next step for every greedy sequence (`engine.Sequence`) that drafts this
+        one, if the gate says it pays: k + 1 tokens on from its drafts (the first is the guess at the
+        target's next token), k being this step's planned k within the sequence's `caps`."""
+        requests, assumed, bases = [], {}, {}
+        for seq in seqs:
+            draft = drafts[seq.seq_id]
+            if not seq.params.greedy or not draft.draft_ids or draft.unavailable:
+                continue
+            left = seq.remaining - len(draft.draft_ids) - 1  # tokens still to generate after a full accept
+            num = min(caps[seq.seq_id], max(planned.get(seq.seq_id, 0), 1)) + 1
+            if min(num, left) < 2:  # the guess alone drafts nothing for the next step
+                continue
+            requests.append(DraftRequest(seq.seq_id, min(num, left), min_confidence=min_confidence))
+            assumed[seq.seq_id], bases[seq.seq_id] = list(draft.draft_ids), seq.num_tokens
+        if requests and not self.gate.wanted(len(requests), forward_s):
+            requests = []  # measured not to pay: the next step drafts afresh
+        self.launch(requests, bases, assumed, step)
 
     def take(self, seq_id: int, committed_from: Callable[[int], list[int]]) -> DraftProposal | None:
         """The sequence's pre-draft; None (a miss) unless the tokens committed since it was launched

@@ -5,9 +5,11 @@ recompute = num_kv_tokens * prefill seconds per token
 Both rates start from priors and follow an EMA of what the engine measures.
 """
 
+import time
 from dataclasses import dataclass
 
 from orchestrator.config import PREEMPTION_MODES
+from orchestrator.engine.swap import HostKv, swap_in, swap_out
 
 # Priors until measured. The bandwidth is deliberately low (pageable copy plus checksum), so
 # a swap has to be shown cheap before "auto" picks it over the engine's old behaviour.
@@ -62,3 +64,43 @@ class PreemptionPolicy:
     def record_forward(self, num_tokens: int, seconds: float) -> None:
         if num_tokens >= MIN_TOKENS_TO_MEASURE:
             self.prefill_s_per_token.update(seconds / num_tokens)
+
+
+class Preempter:
+    """Takes a preempted sequence's K/V out of the target's pool, to host memory (`staging`) or dropped
+    to be recomputed as `policy` chooses, and puts swapped K/V back when the sequence is re-admitted."""
+
+    def __init__(self, target, mode: str, staging):
+        self.target, self.policy, self.staging = target, PreemptionPolicy(mode), staging
+        self.swapped: dict[int, HostKv] = {}  # seq_id -> K/V of a preempted sequence, on the host
+        self.num_swap = 0
+        self.num_recompute = 0
+
+    def preempt(self, seq_id: int) -> None:
+        pool = self.target.pool
+        num_bytes = len(pool.tables.get(seq_id, ())) * pool.kv[:, :, 0].nbytes  # block: [L, 2, bs, H, D]
+        if self.policy.choose(num_bytes, self.target.kv_length(seq_id)) == "recompute":
+            self.target.free(seq_id)
+            self.num_recompute += 1
+            return
+        t0 = time.perf_counter()
+        self.swapped[seq_id] = swap_out(self.target, seq_id, self.staging)
+        self.policy.record_copy(num_bytes, time.perf_counter() - t0)
+        self.num_swap += 1
+
+    def restore(self, seq_ids: list[int]) -> None:
+        """Swap back the K/V of re-admitted sequences (the scheduler reserved their blocks)."""
+        for seq_id in seq_ids:
+            kv = self.swapped.pop(seq_id, None)
+            if kv is None:
+                continue
+            t0 = time.perf_counter()
+            num_bytes = kv.nbytes
+            swap_in(self.target, seq_id, kv)
+            self.policy.record_copy(num_bytes, time.perf_counter() - t0)
+
+    def release(self, seq_id: int) -> None:
+        """Drop the host copy of a sequence finished or cancelled while swapped out."""
+        kv = self.swapped.pop(seq_id, None)
+        if kv is not None:
+            kv.release()
