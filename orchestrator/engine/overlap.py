@@ -76,7 +76,8 @@ class OverlapGate:
     forward times are compared at equal sizes (tokens in the forward): per size the median of the
     recent forwards each way, the slowdown the median over sizes seen both ways. (Not relative to the
     engine's verify curve: that curve follows whichever way most recent steps ran, so the other way's
-    older ratios would drift against it.) Until some size has 3 forwards each way it alternates."""
+    older ratios would drift against it.) Until some size has 3 forwards each way it alternates; after
+    32 steps without one it assumes no slowdown."""
 
     def __init__(self, probe_every: int = PROBE_EVERY):
         self.probe_every = probe_every
@@ -101,6 +102,8 @@ class OverlapGate:
 
     def wanted(self, num_seqs: int, forward_s: float) -> bool:
         slowdown = self.slowdown()
+        if slowdown is None and sum(self.steps.values()) >= 2 * self.probe_every:
+            slowdown = 0.0  # forwards of too many sizes to compare: take the saving alone
         if slowdown is None or not self.fresh_s.samples:
             choice = self.steps[True] <= self.steps[False]  # measure both
         else:
