@@ -19,7 +19,6 @@ and the verify's sampling share its random generator, and rejection sampling nee
 distribution from exactly the committed prefix; sampled requests draft as before.
 """
 
-import os
 import statistics
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -131,10 +130,6 @@ class PreDrafter:
         self._ready: dict[int, _Ahead] = {}  # finished, waiting for their sequence's next step
         self.stats = OverlapStats()
         self.gate = OverlapGate()
-
-    def pin(self, cpus: set[int]) -> None:
-        """Pin the worker thread to `cpus` (Linux: per thread), e.g. the drafter's core in a benchmark."""
-        self._pool.submit(os.sched_setaffinity, 0, cpus).result()
 
     def predrafted(self, seq, cap: int) -> DraftProposal | None:
         """A sequence's pre-draft (at most `cap` tokens), if the worker's assumption held; greedy only."""
