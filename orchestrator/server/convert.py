@@ -44,7 +44,7 @@ def result_from_final(token_ids: list[int], text: str, final: pb.Final) -> dict:
     """The client's side of `final_to_pb`: the same JSON shape as `hetspec generate --json`."""
     stats = MessageToDict(final.stats, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     for name in ("num_steps", "num_drafted", "num_accepted", "k", "num_fallback_steps", "num_preemptions",
-                 "tokens_differing", "budget_exhausted_at"):
+                 "tokens_differing", "budget_exhausted_at", "steps_predrafted"):
         stats[name] = int(stats.get(name, 0))
     stats["drafted_per_position"] = [int(x) for x in stats.get("drafted_per_position", [])]
     stats["steps_per_k"] = {k: int(n) for k, n in sorted(stats.get("steps_per_k", {}).items(), key=lambda kv: int(kv[0]))}

@@ -80,7 +80,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
-    __slots__ = ("num_steps", "num_drafted", "num_accepted", "acceptance_rate", "mean_accepted_length", "acceptance_per_position", "drafted_per_position", "time_prefill_s", "time_draft_s", "time_verify_s", "tokens_per_s", "ttft_s", "drafter", "k", "num_fallback_steps", "num_preemptions", "steps_per_k", "expected_committed", "acceptance", "lossy", "tokens_differing", "drift_prob_gap", "budget_exhausted_at")
+    __slots__ = ("num_steps", "num_drafted", "num_accepted", "acceptance_rate", "mean_accepted_length", "acceptance_per_position", "drafted_per_position", "time_prefill_s", "time_draft_s", "time_verify_s", "tokens_per_s", "ttft_s", "drafter", "k", "num_fallback_steps", "num_preemptions", "steps_per_k", "expected_committed", "acceptance", "lossy", "tokens_differing", "drift_prob_gap", "budget_exhausted_at", "steps_predrafted")
     class StepsPerKEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class SpeculationStats(_message.Message):
     TOKENS_DIFFERING_FIELD_NUMBER: _ClassVar[int]
     DRIFT_PROB_GAP_FIELD_NUMBER: _ClassVar[int]
     BUDGET_EXHAUSTED_AT_FIELD_NUMBER: _ClassVar[int]
+    STEPS_PREDRAFTED_FIELD_NUMBER: _ClassVar[int]
     num_steps: int
     num_drafted: int
     num_accepted: int
@@ -134,7 +135,8 @@ class SpeculationStats(_message.Message):
     tokens_differing: int
     drift_prob_gap: float
     budget_exhausted_at: int
-    def __init__(self, num_steps: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_per_position: _Optional[_Iterable[float]] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., time_prefill_s: _Optional[float] = ..., time_draft_s: _Optional[float] = ..., time_verify_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., drafter: _Optional[str] = ..., k: _Optional[int] = ..., num_fallback_steps: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., steps_per_k: _Optional[_Mapping[int, int]] = ..., expected_committed: _Optional[float] = ..., acceptance: _Optional[str] = ..., lossy: _Optional[bool] = ..., tokens_differing: _Optional[int] = ..., drift_prob_gap: _Optional[float] = ..., budget_exhausted_at: _Optional[int] = ...) -> None: ...
+    steps_predrafted: int
+    def __init__(self, num_steps: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_per_position: _Optional[_Iterable[float]] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., time_prefill_s: _Optional[float] = ..., time_draft_s: _Optional[float] = ..., time_verify_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., drafter: _Optional[str] = ..., k: _Optional[int] = ..., num_fallback_steps: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., steps_per_k: _Optional[_Mapping[int, int]] = ..., expected_committed: _Optional[float] = ..., acceptance: _Optional[str] = ..., lossy: _Optional[bool] = ..., tokens_differing: _Optional[int] = ..., drift_prob_gap: _Optional[float] = ..., budget_exhausted_at: _Optional[int] = ..., steps_predrafted: _Optional[int] = ...) -> None: ...
 
 class ServerStatusRequest(_message.Message):
     __slots__ = ()

