@@ -54,7 +54,7 @@ class Assembly:
                       k_policy=k_policy or c.k_policy, preemption=c.preemption, tracer=self.tracer,
                       staging=self.staging, disable_by_batch_size=c.disable_by_batch_size,
                       draft_len_schedule=c.draft_len_schedule, acceptance=acceptance or c.acceptance,
-                      overlap=c.overlap if overlap is None else overlap)
+                      overlap=c.overlap if overlap is None else overlap, block_transport=c.transport.kind)
 
 
 def assemble(config: EngineConfig, tracer: Tracer | None = None, progress: bool = True) -> Assembly:

@@ -123,6 +123,17 @@ class NgramDrafterConfig:
 
 
 @dataclass(frozen=True)
+class MtpDrafterConfig:
+    """A multi-token-prediction drafter trained for the target (`hetspec train-drafter`), reading its hidden
+    states."""
+
+    kind: ClassVar[str] = "mtp"
+    model: str = ""  # the directory `hetspec train-drafter --out` wrote
+    device: str = "cpu"
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
 class RemoteDrafterConfig:
     """A drafter behind `hetspec drafter serve`, reached over a `hetspec.v1.Drafter` session."""
 
@@ -135,6 +146,7 @@ class RemoteDrafterConfig:
     key_file: str | None = None
     token_env: str | None = None  # environment variable holding the bearer token (read when connecting)
     kv_handoff: bool = False  # open sequences with the target's prefill K/V (a remote self-drafter)
+    hidden_states: bool = False  # send the target's hidden states (the remote drafter is an mtp drafter)
 
 
 @dataclass(frozen=True)
@@ -147,8 +159,8 @@ class CombinedDrafterConfig:
     combine: str = "confidence"
 
 
-DrafterConfig = Union[OnnxDrafterConfig, TorchDrafterConfig, NgramDrafterConfig, RemoteDrafterConfig,
-                      CombinedDrafterConfig]
+DrafterConfig = Union[OnnxDrafterConfig, TorchDrafterConfig, NgramDrafterConfig, MtpDrafterConfig,
+                      RemoteDrafterConfig, CombinedDrafterConfig]
 
 
 @dataclass(frozen=True)

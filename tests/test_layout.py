@@ -20,6 +20,7 @@ LAYERS = [  # lowest first
     ("orchestrator.models",),
     ("orchestrator.profiles",),
     ("orchestrator.engine",),
+    ("orchestrator.mtp",),
     ("orchestrator.drafters",),
     ("orchestrator.server",),
     ("orchestrator.assemble",),

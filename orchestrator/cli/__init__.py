@@ -1,6 +1,6 @@
 """`hetspec` command line: one module per verb, each adding its parser and handler.
 
-    hetspec generate | export-drafter | devices | profile check|run|compare | serve | client | drafter serve
+    hetspec generate | export-drafter | train-drafter | devices | profile check|run|compare | serve | client | drafter serve
 
 A handler takes the parsed args and returns an exit code. Errors a user can act on
 (`HetspecError`) are one line on stderr and exit 1; bad flags exit 2; a bug is one line
@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from orchestrator.cli import client, devices, drafter, export, generate, profile, serve
+from orchestrator.cli import client, devices, drafter, export, generate, profile, serve, train
 from orchestrator.cli.common import Parser, UsageError
 from orchestrator.errors import HetspecError
 
@@ -21,6 +21,7 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     generate.add_parser(sub)
     export.add_parser(sub)
+    train.add_parser(sub)
     profile.add_parser(sub, Parser)
     devices.add_parser(sub)
     serve.add_parser(sub)

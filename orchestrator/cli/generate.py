@@ -23,10 +23,12 @@ def add_parser(sub) -> None:
     g.add_argument("prompt")
     add_model_arg(g)
     # unset flags stay None: the profile's value is used (orchestrator/profiles/overrides.py)
-    g.add_argument("--drafter", choices=("onnx", "ngram"), default=None, help="draft source (default onnx INT4)")
+    g.add_argument("--drafter", choices=("onnx", "ngram", "mtp"), default=None,
+                   help="draft source (default onnx INT4); mtp: a drafter made by `hetspec train-drafter`, "
+                        "given as --drafter-model DIR")
     g.add_argument("--drafter-model", default=None, metavar="MODEL",
                    help="the drafter's own checkpoint, e.g. qwen2.5-coder-0.5b for a qwen2.5-coder-1.5b target "
-                        "(default: the target's)")
+                        "(default: the target's), or the directory of an mtp drafter")
     add_sampling_args(g)
     g.add_argument("--adaptive-k", action="store_true",
                    help="HF's heuristic instead of the cost model: +2 after a full accept, -1 after a rejection")

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 import torch
 
 import protocol
-from orchestrator.config import NgramDrafterConfig, OnnxDrafterConfig, TorchDrafterConfig
+from orchestrator.config import MtpDrafterConfig, NgramDrafterConfig, OnnxDrafterConfig, TorchDrafterConfig
 from orchestrator.drafters.handoff import KvHandoffDrafter
+from orchestrator.drafters.mtp import MtpDrafter
 from orchestrator.drafters.ngram import NgramDrafter
 from orchestrator.drafters.onnx_drafter import OnnxDrafter
 from orchestrator.drafters.torch_drafter import TorchDrafter
@@ -82,10 +83,23 @@ def build_ngram(config: NgramDrafterConfig, ctx: DrafterContext) -> Drafter:
     return NgramDrafter(max_ngram=config.max_ngram)
 
 
+def build_mtp(config: MtpDrafterConfig, ctx: DrafterContext) -> Drafter:
+    if not config.model:
+        raise HetspecError("the mtp drafter needs `model`: the directory `hetspec train-drafter --out` wrote")
+    drafter = MtpDrafter(config.model, device=config.device, dtype=getattr(torch, config.dtype))
+    trained_for = drafter.config
+    if trained_for.target_model_id != ctx.target_ckpt.key:
+        raise HetspecError(f"mtp drafter {config.model} was trained for {trained_for.target_name} "
+                           f"(checkpoint {trained_for.target_model_id[:12]}); this target is "
+                           f"{ctx.target_ckpt.source} (checkpoint {ctx.target_ckpt.key[:12]})")
+    return drafter
+
+
 LOCAL_DRAFTERS: dict[type, Builder] = {
     OnnxDrafterConfig: build_onnx,
     TorchDrafterConfig: build_torch,
     NgramDrafterConfig: build_ngram,
+    MtpDrafterConfig: build_mtp,
 }
 
 
@@ -94,5 +108,5 @@ def build_local_drafter(config, ctx: DrafterContext) -> Drafter:
     builder = LOCAL_DRAFTERS.get(type(config))
     if builder is None:
         raise HetspecError(f"drafter kind {getattr(config, 'kind', type(config).__name__)!r} does not run "
-                           f"in this process (local kinds: onnx, torch, ngram)")
+                           f"in this process (local kinds: onnx, torch, ngram, mtp)")
     return builder(config, ctx)

@@ -70,6 +70,9 @@ class Drafter(ABC):
     # False where `propose_ahead` cannot draft beyond the committed tokens without disturbing the
     # drafter's state (its statistics judge what it is told as committed): no overlapped drafting
     overlaps: bool = True
+    # True where the drafter reads the target's last-layer hidden states (an MTP drafter): the engine
+    # hands it those of every newly committed position as a HIDDEN_STATE block (`accept_hidden`)
+    reads_hidden: bool = False
 
     @abstractmethod
     def start(self, seq_id: int, prompt_ids: list[int]) -> None: ...
@@ -105,6 +108,12 @@ class Drafter(ABC):
 
     @abstractmethod
     def rollback(self, seq_id: int, n: int) -> None: ...
+
+    def accept_hidden(self, seq_id: int, block) -> None:
+        """The target's hidden states of committed positions [start, end) as a protocol Block (HIDDEN_STATE,
+        LAYOUT_TOKENS_HIDDEN), given after the `extend` that committed them; `end` is the committed length
+        less one (the newest token has no state yet). Only drafters with `reads_hidden` are given any."""
+        raise NotImplementedError(f"drafter {self.name} does not read hidden states")
 
     @abstractmethod
     def finish(self, seq_id: int) -> None: ...

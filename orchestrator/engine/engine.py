@@ -12,6 +12,7 @@ from orchestrator.config import SamplingParams
 from orchestrator.engine.acceptance import verify_request
 from orchestrator.engine.detok import TextStream
 from orchestrator.engine.drafter import Drafter, DraftProposal, DraftRequest
+from orchestrator.engine.hidden_feed import HiddenFeed
 from orchestrator.engine.overlap import PreDrafter
 from orchestrator.engine.preemption import Preempter
 from orchestrator.engine.scheduler import Scheduler
@@ -43,7 +44,8 @@ class Engine:
     every phase as spans (off unless a profiling run or metrics want them); `staging` holds the host
     buffers a preempted sequence's K/V is swapped into; `acceptance` is the verify policy of requests
     that name none (`acceptance_policy`); `overlap` drafts the next step on a worker thread while the
-    target verifies this one (`overlap.PreDrafter`).
+    target verifies this one (`overlap.PreDrafter`); a drafter that `reads_hidden` gets the target's hidden
+    states of committed positions as blocks packed for `block_transport` (`hidden_feed`).
     """
 
     def __init__(self, target: TargetRunner, tokenizer, drafter: Drafter | None = None,
@@ -51,7 +53,8 @@ class Engine:
                  eos_token_ids: tuple[int, ...] = (), k_policy: str = "fixed", preemption: str = "auto",
                  tracer: Tracer | None = None, staging: StagingPool | None = None,
                  disable_by_batch_size: int | None = None, draft_len_schedule: tuple[tuple[int, int], ...] = (),
-                 acceptance: AcceptancePolicy = AcceptancePolicy(), overlap: bool = False):
+                 acceptance: AcceptancePolicy = AcceptancePolicy(), overlap: bool = False,
+                 block_transport: str = "inline"):
         self.target = target
         self.acceptance = acceptance
         self.tokenizer = tokenizer
@@ -82,6 +85,8 @@ class Engine:
                 raise InvalidRequestError(f"drafter {drafter.name} cannot draft ahead: overlap needs a single drafter",
                                           "overlap")
             self.overlap = PreDrafter(drafter, self.tracer, self._drafter_track)
+        self.hidden_feed = HiddenFeed(drafter, target.model_id, block_transport, self.tracer) \
+            if drafter is not None and drafter.reads_hidden else None
 
     # ---- requests --------------------------------------------------------------------
 
@@ -225,11 +230,12 @@ class Engine:
         return max(0, min(seq.k, seq.remaining - 1, room))
 
     def _verify(self, seqs: list[Sequence], drafts: dict[int, DraftProposal]) -> list[VerifyResult]:
-        batch = []
+        batch, starts = [], []
         for seq in seqs:
             # committed tokens without K/V: the whole prompt at first (or after a preemption),
             # afterwards just the newest token; then the drafts
-            pending = seq.ids_from(self.target.kv_length(seq.seq_id))
+            starts.append(self.target.kv_length(seq.seq_id))
+            pending = seq.ids_from(starts[-1])
             d = drafts[seq.seq_id].draft_ids
             batch.append((seq.seq_id, pending + d, len(d) + 1))
         t0 = time.perf_counter()
@@ -242,7 +248,9 @@ class Engine:
             expected = dict(expected_tokens=self._expected.expected_tokens, expected_ms=self._expected.expected_s * 1e3)
         with self.tracer.span(phase, self._target_track, self.num_steps, flow_in=flows, num_tokens=num_tokens,
                               **expected):
-            outputs = self.target.forward(batch)
+            outputs = self.target.forward(batch, return_hidden=self.hidden_feed is not None)
+        if self.hidden_feed is not None:
+            self.hidden_feed.capture([seq.seq_id for seq in seqs], starts, outputs)
         results = [self._accept(seq, drafts[seq.seq_id], out.logits) for seq, out in zip(seqs, outputs)]
         if self.target.device.type != "cpu":  # the committed ids go to the host: time that copy
             with self.tracer.span("d2h", self._target_track, self.num_steps, nbytes=_nbytes(results)):
@@ -262,11 +270,6 @@ class Engine:
 
     def _accept(self, seq: Sequence, draft: DraftProposal, logits: torch.Tensor) -> VerifyResult:
         # logits: [num_draft + 1, vocab]
-        with self.tracer.span("accept", self._target_track, self.num_steps, seq.seq_id):
-            return self._accept_reject(seq, draft, logits)
-
-    def _accept_reject(self, seq: Sequence, draft: DraftProposal, logits: torch.Tensor) -> VerifyResult:
-        # logits: [num_draft + 1, vocab]
         n = len(draft.draft_ids)
         draft_ids = torch.tensor([draft.draft_ids], dtype=torch.long).view(1, n)
         p, policy, stats, allowance = seq.params, seq.policy, seq.stats, 0
@@ -275,8 +278,9 @@ class Engine:
             if allowance <= 0 and stats.budget_exhausted_at < 0:
                 stats.budget_exhausted_at = len(seq.output_ids)
         q = None if draft.draft_probs is None else draft.draft_probs[None]  # [1, n, drafter vocab]
-        result, differing, gap = verify_request(policy, draft_ids, logits[None], p.temperature, p.top_k, p.top_p,
-                                                q, seq.generator, len(seq.output_ids), allowance)
+        with self.tracer.span("accept", self._target_track, self.num_steps, seq.seq_id):
+            result, differing, gap = verify_request(policy, draft_ids, logits[None], p.temperature, p.top_k,
+                                                    p.top_p, q, seq.generator, len(seq.output_ids), allowance)
         stats.tokens_differing += differing
         stats.prob_gap += gap
         return result
@@ -337,6 +341,8 @@ class Engine:
             self._finish(seq, reason)
         elif self.drafter is not None and seq.k:
             self.drafter.extend(seq.seq_id, new_ids)
+            if self.hidden_feed is not None:  # the states of the positions this step committed
+                self.hidden_feed.deliver(seq.seq_id, self.target.kv_length(seq.seq_id), self.num_steps)
         return StepOutput(seq.seq_id, new_ids, text, reason is not None, reason)
 
     def _apply_limits(self, seq: Sequence, new_ids: list[int]) -> tuple[list[int], str | None]:
@@ -356,8 +362,9 @@ class Engine:
         self.preempter.release(seq.seq_id)  # finished or cancelled while swapped out
         if self.drafter is not None and seq.k:
             self.drafter.finish(seq.seq_id)
-        if self.overlap is not None:
-            self.overlap.forget(seq.seq_id)
+        for part in (self.overlap, self.hidden_feed):
+            if part is not None:
+                part.forget(seq.seq_id)
 
     @property
     def num_preemptions_swap(self) -> int:

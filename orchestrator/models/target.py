@@ -14,7 +14,7 @@ from orchestrator.models.transformer import Segment, Transformer
 @dataclass
 class TargetOutput:
     logits: torch.Tensor  # [num_scored, vocab] float32: the last `num_scored` new positions
-    hidden: torch.Tensor | None = None  # [num_scored, hidden] final-layer hidden states
+    hidden: torch.Tensor | None = None  # [num_new, hidden] final-layer hidden states of every new position
 
 
 class TargetRunner:
@@ -48,7 +48,8 @@ class TargetRunner:
 
     @torch.inference_mode()
     def forward(self, batch: list[tuple[int, list[int], int]], return_hidden: bool = False) -> list[TargetOutput]:
-        """batch: (seq_id, new_token_ids, num_scored) per sequence; one forward for all."""
+        """batch: (seq_id, new_token_ids, num_scored) per sequence; one forward for all. `return_hidden`:
+        each output also carries the hidden states of all its new positions (an MTP drafter reads them)."""
         ids, positions, segments, scored_rows = [], [], [], []
         for seq_id, new_ids, num_scored in batch:
             start = self.kv_length(seq_id)
@@ -69,10 +70,10 @@ class TargetRunner:
         picked = hidden.index_select(0, rows)  # [sum num_scored, hidden]
         logits = self.model.logits(picked)
         outputs, offset = [], 0
-        for a, b in scored_rows:
+        for (a, b), seg in zip(scored_rows, segments):
             n = b - a
             outputs.append(TargetOutput(logits[offset:offset + n],
-                                        picked[offset:offset + n] if return_hidden else None))
+                                        hidden[seg.start:seg.start + seg.num_new] if return_hidden else None))
             offset += n
         return outputs
 

@@ -9,13 +9,20 @@ from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
-from orchestrator.config import AUTO_K_MAX, EngineConfig, OnnxDrafterConfig, RemoteDrafterConfig, TorchDrafterConfig
+from orchestrator.config import (
+    AUTO_K_MAX,
+    EngineConfig,
+    MtpDrafterConfig,
+    OnnxDrafterConfig,
+    RemoteDrafterConfig,
+    TorchDrafterConfig,
+)
 from orchestrator.errors import InvalidRequestError
 from orchestrator.profiles.profile import Profile
-from orchestrator.profiles.schema import NgramDrafterSpec, OnnxDrafterSpec, Placement, SpeculationSpec
+from orchestrator.profiles.schema import MtpDrafterSpec, NgramDrafterSpec, OnnxDrafterSpec, Placement, SpeculationSpec
 
 CLI_DRAFTER = "cli"  # the name a drafter chosen by --drafter gets inside the profile
-_CLI_DRAFTERS = {"onnx": OnnxDrafterSpec, "ngram": NgramDrafterSpec}
+_CLI_DRAFTERS = {"onnx": OnnxDrafterSpec, "ngram": NgramDrafterSpec, "mtp": MtpDrafterSpec}
 _ONNX_ONLY = ("precision", "block_size", "int8_lm_head", "drafter_device", "drafter_providers")
 
 
@@ -26,7 +33,7 @@ class Overrides:
     model: str | None = None
     device: str | None = None
     dtype: str | None = None
-    drafter: str | None = None  # a drafter kind: "onnx" | "ngram"
+    drafter: str | None = None  # a drafter kind: "onnx" | "ngram" | "mtp"
     drafter_model: str | None = None  # the drafter's own checkpoint (a smaller model of the target's family)
     no_spec: bool = False
     num_speculative_tokens: int | str | None = None  # a fixed k, or "auto" (the cost model chooses)
@@ -65,8 +72,8 @@ def _drafter(drafter, given: Overrides):
                                       f"(or a remote self-drafter), not {_kind(drafter)}")
         drafter = replace(drafter, kv_handoff=given.kv_handoff)
     if given.drafter_model is not None:
-        if not isinstance(drafter, (OnnxDrafterConfig, TorchDrafterConfig)):
-            raise InvalidRequestError(f"--drafter-model: only for the onnx and torch drafters, not {_kind(drafter)}")
+        if not isinstance(drafter, (OnnxDrafterConfig, TorchDrafterConfig, MtpDrafterConfig)):
+            raise InvalidRequestError(f"--drafter-model: only for the onnx, torch and mtp drafters, not {_kind(drafter)}")
         drafter = replace(drafter, model=given.drafter_model)
     if not onnx:
         return drafter
@@ -99,7 +106,13 @@ def _with_placement(profile: Profile, given: Overrides) -> Profile:
     if given.no_spec:
         speculation = speculation.model_copy(update={"drafter": None, "drafters": []})
     elif given.drafter is not None and not _primary_is(profile, given.drafter):
-        drafters = {**drafters, CLI_DRAFTER: _CLI_DRAFTERS[given.drafter](kind=given.drafter)}
+        extra = {}
+        if given.drafter == "mtp":
+            if given.drafter_model is None:
+                raise InvalidRequestError("--drafter mtp needs --drafter-model DIR: a drafter made by "
+                                          "`hetspec train-drafter --target MODEL --out DIR`")
+            extra["model"] = given.drafter_model
+        drafters = {**drafters, CLI_DRAFTER: _CLI_DRAFTERS[given.drafter](kind=given.drafter, **extra)}
         speculation = SpeculationSpec(**{**speculation.model_dump(), "drafter": CLI_DRAFTER, "drafters": []})
     return profile.model_copy(update={"target": target, "drafters": drafters, "speculation": speculation})
 

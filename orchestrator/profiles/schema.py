@@ -25,6 +25,7 @@ from orchestrator.config import (
     DTYPES,
     MAX_SPECULATIVE_TOKENS,
     TRANSPORT_KINDS,
+    MtpDrafterConfig,
     NgramDrafterConfig,
     OnnxDrafterConfig,
     RemoteDrafterConfig,
@@ -32,7 +33,7 @@ from orchestrator.config import (
     TransportConfig,
 )
 
-DRAFTER_KINDS = ("onnx", "torch", "ngram", "remote")
+DRAFTER_KINDS = ("onnx", "torch", "ngram", "mtp", "remote")
 Dtype = Literal[DTYPES]
 PositiveInt = Annotated[int, Field(gt=0)]
 DrafterName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
@@ -158,6 +159,25 @@ class NgramDrafterSpec(_DrafterBase):
         return NgramDrafterConfig(max_ngram=self.max_ngram)
 
 
+class MtpDrafterSpec(_DrafterBase):
+    """A multi-token-prediction drafter trained for the target (`hetspec train-drafter`); it reads the
+    target's hidden states, handed to it as HIDDEN_STATE blocks after every verify."""
+
+    kind: Literal["mtp"]
+    model: str  # the directory `hetspec train-drafter --out` wrote
+    device: Device = "cpu"
+    dtype: Dtype = "float32"
+
+    def describe(self) -> str:
+        return f"mtp {self.model} ({self.dtype}) on {self.device}"
+
+    def unavailable_reason(self) -> str:
+        return device_unavailable_reason(self.device)
+
+    def drafter_config(self) -> MtpDrafterConfig:
+        return MtpDrafterConfig(model=self.model, device=self.device, dtype=self.dtype)
+
+
 class RemoteDrafterSpec(_DrafterBase):
     """A drafter in another process or host, served by `hetspec drafter serve`, over gRPC.
 
@@ -174,6 +194,7 @@ class RemoteDrafterSpec(_DrafterBase):
     token_env: str | None = None  # environment variable holding the drafter's bearer token
     timeout_s: Annotated[float, Field(gt=0)] = 5.0
     kv_handoff: bool = False  # open sequences with the target's prefill K/V (the drafter must be a self-drafter of the target)
+    hidden_states: bool = False  # send the target's last hidden states after every verify (the drafter is an mtp drafter)
 
     @field_validator("address")
     @classmethod
@@ -199,10 +220,11 @@ class RemoteDrafterSpec(_DrafterBase):
     def drafter_config(self) -> RemoteDrafterConfig:
         return RemoteDrafterConfig(address=self.address, timeout_s=self.timeout_s, tls=self.tls,
                                    ca_file=self.ca_file, cert_file=self.cert_file, key_file=self.key_file,
-                                   token_env=self.token_env, kv_handoff=self.kv_handoff)
+                                   token_env=self.token_env, kv_handoff=self.kv_handoff,
+                                   hidden_states=self.hidden_states)
 
 
-DrafterSpec = Annotated[Union[OnnxDrafterSpec, TorchDrafterSpec, NgramDrafterSpec, RemoteDrafterSpec],
+DrafterSpec = Annotated[Union[OnnxDrafterSpec, TorchDrafterSpec, NgramDrafterSpec, MtpDrafterSpec, RemoteDrafterSpec],
                         Field(discriminator="kind")]
 
 

@@ -195,6 +195,17 @@ class DrafterServicer:
             self.drafter.extend(seq.local_id, append)
         seq.num_committed = r.rollback_to + len(append)
         seq.last_draft = []
+        if r.HasField("hidden_states"):
+            self._hidden(seq, r.hidden_states, f"{where}.hidden_states")
+
+    def _hidden(self, seq: _Seq, block, where: str) -> None:
+        """The target's hidden states for an MTP drafter; it checks model, size and token range."""
+        if not self.drafter.reads_hidden:
+            raise InvalidRequestError(f"{where}: this drafter does not read hidden states", where)
+        try:
+            self.drafter.accept_hidden(seq.local_id, block)
+        except BlockError as e:
+            raise InvalidRequestError(f"{where}.{e}", f"{where}.{e.field}") from None
 
     def _seq(self, sequence_id: int, seqs: dict[int, _Seq], where: str) -> _Seq:
         try:

@@ -13,6 +13,11 @@ Frames per engine step: new sequences as OpenSequence frames (opened lazily, at 
 draft, so a sampled request's seed can travel with them), then one ProposeBatch carrying the
 verify results since the last step and this step's draft requests; answers come back in
 order, and only the proposals are waited for. Usually that is one frame and one answer.
+
+For an MTP drafter (`reads_hidden`) the mirror also keeps the target's hidden states of every
+committed position; the rows the drafter has not had travel as HIDDEN_STATE blocks (float16 on the
+wire, split to fit a message) in hidden-only verify results of the next batch, and a re-opened
+sequence gets all of them again.
 """
 
 import itertools
@@ -30,6 +35,7 @@ from orchestrator.engine import Drafter, DrafterStatus, DraftProposal, DraftRequ
 from orchestrator.engine.swap import export_kv
 from orchestrator.models import TargetRunner
 from orchestrator.server.channels import ChannelOptions, call_metadata, open_channel, token_from_env
+from orchestrator.server.remote_hidden import HiddenRows
 from orchestrator.server.remote_session import V1, DrafterFailure, Probe, Session, check_answer
 from orchestrator.tracing import Span, Tracer, Track
 from protocol import BlockError
@@ -46,6 +52,7 @@ class _Mirror:
     committed: list[int]
     opened: bool = False  # open in the current session
     last_draft: list[int] = field(default_factory=list)
+    hidden: HiddenRows = field(default_factory=HiddenRows)  # the target's states (an MTP drafter)
 
 
 class RemoteDrafter(Drafter):
@@ -57,8 +64,12 @@ class RemoteDrafter(Drafter):
                  vocab_size: int | None = None, backoff_s: tuple[float, float] = (0.5, 30.0),
                  prefill_allowance_s_per_token: float = 0.005, connect_timeout_s: float | None = None,
                  kv_source: TargetRunner | None = None, staging: protocol.StagingPool | None = None,
-                 transport: str = "inline", tracer: Tracer | None = None):
+                 transport: str = "inline", tracer: Tracer | None = None, reads_hidden: bool = False,
+                 model_id: str = ""):
         self.address = address
+        self.reads_hidden = reads_hidden  # an MTP drafter: the target's hidden states go with every batch
+        self.model_id = model_id  # the target's, on the hidden-state blocks
+        self._hidden_packer = protocol.BlockPacker("inline")
         # each propose round trip less the drafter's own compute is recorded as a `wire` span
         self.tracer = tracer or Tracer(enabled=False)
         self._wire_track = Track(address, "wire")
@@ -148,11 +159,19 @@ class RemoteDrafter(Drafter):
         m.committed.extend(ids)
         m.last_draft = []
 
+    def accept_hidden(self, seq_id: int, block) -> None:
+        """Kept in the mirror; the rows go out with the next batch (`HiddenRows.results`)."""
+        d, payload = self.blocks_in.unpack(block)
+        if d.kind != protocol.TensorKind.HIDDEN_STATE:
+            raise BlockError("kind", "expected a HIDDEN_STATE block")
+        self._seqs[seq_id].hidden.add(d.tokens.start, protocol.decode(d, payload, dtype=torch.float16, verified=True))
+
     def rollback(self, seq_id: int, n: int) -> None:
         m = self._seqs[seq_id]
         if not 0 <= n <= len(m.committed):
             raise ValueError(f"cannot roll back {n} of {len(m.committed)} tokens")
         del m.committed[len(m.committed) - n:]
+        m.hidden.trim(len(m.committed))
         if m.opened:
             self._verify.append(pb.VerifyResult(sequence_id=seq_id, rollback_to=len(m.committed)))
         m.last_draft = []
@@ -171,6 +190,7 @@ class RemoteDrafter(Drafter):
         self._drop_sessions()
         self._channel.close()
         self._packer.close()
+        self._hidden_packer.close()
         self.blocks_in.close()
 
     # ---- one round trip ---------------------------------------------------------------------
@@ -192,6 +212,11 @@ class RemoteDrafter(Drafter):
             self._attach_kv(opens)
         for open_ in opens:
             self._send(pb.DrafterRequest(open=open_))
+        if self.reads_hidden:  # the states each drafting sequence's drafter lacks, before its drafts
+            for r in requests:
+                m = self._seqs[r.seq_id]
+                self._verify += m.hidden.results(r.seq_id, len(m.committed), self.model_id, self._max_kv_bytes,
+                                                 self._hidden_packer)
         batch = pb.ProposeBatch(results=self._verify, requests=[
             pb.DraftRequest(sequence_id=r.seq_id, num_draft=r.k, want_probs=r.temperature > 0,
                             temperature=r.temperature, top_k=r.top_k, top_p=r.top_p) for r in requests])
@@ -306,6 +331,7 @@ class RemoteDrafter(Drafter):
         for m in self._seqs.values():  # the next session re-opens them from the mirror
             m.opened = False
             m.last_draft = []
+            m.hidden.sent = 0
         self._next_attempt = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self.backoff_s[1])
 
@@ -359,4 +385,5 @@ def build_remote_drafter(config: RemoteDrafterConfig, ctx: DrafterContext) -> Re
     return RemoteDrafter(config.address, channel, timeout_s=config.timeout_s,
                          vocab_size=target.vocab_size if target is not None else None,
                          kv_source=target if config.kv_handoff else None, staging=ctx.staging,
-                         transport=ctx.transport, tracer=ctx.tracer)
+                         transport=ctx.transport, tracer=ctx.tracer, reads_hidden=config.hidden_states,
+                         model_id=ctx.target_ckpt.key)

@@ -51,6 +51,9 @@ def test_streamed_text_equals_json_text_and_no_spec_matches():
      "--acceptance-option gamma: policy 'nkl' has no option 'gamma'; its options: delta, temperature, budget"),
     (("generate", "hi", "--acceptance", "nkl", "--acceptance-option", "delta"), "expected key=number, got 'delta'"),
     (("generate", "hi", "--acceptance", "typical", "--temperature", "0.8"), "typical is lossy and judges greedy"),
+    (("generate", "hi", "--drafter", "mtp"), "--drafter mtp needs --drafter-model DIR"),
+    (("generate", "hi", "--drafter", "mtp", "--drafter-model", "/no/such/dir"), "not an MTP drafter"),
+    (("train-drafter", "--target", "smollm2-135m", "--out", "/tmp/x", "--tokens", "10"), "--tokens must be >= 1000"),
 ])
 def test_bad_input_gives_one_line_and_nonzero_exit(args, match):
     r = hetspec(*args)

@@ -61,7 +61,8 @@ def test_hidden_states_come_back_on_request(tmp_path):
     ckpt, _ = tiny_checkpoint(tmp_path)
     runner = TargetRunner(ckpt, block_size=4, max_kv_tokens=64)
     out = runner.forward([(0, [1, 2, 3, 4], 2)], return_hidden=True)[0]
-    assert out.hidden.shape == (2, 32) and out.logits.shape == (2, 97)
+    assert out.hidden.shape == (4, 32) and out.logits.shape == (2, 97)
+    torch.testing.assert_close(runner.model.logits(out.hidden[-2:]), out.logits)  # the scored rows' states
 
 
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])

@@ -236,6 +236,10 @@ BAD_SESSIONS = [
     ([frame(open=pb.OpenSequence(sequence_id=1, prompt_ids=[1, 2])),
       frame(verify=pb.VerifyBatch(results=[pb.VerifyResult(sequence_id=1, rollback_to=9)]))],
      "verify.results[0].rollback_to"),
+    ([frame(open=pb.OpenSequence(sequence_id=1, prompt_ids=[1, 2])),
+      frame(verify=pb.VerifyBatch(results=[pb.VerifyResult(sequence_id=1, rollback_to=2,
+                                                           hidden_states=blocks_pb2.Block())]))],
+     "verify.results[0].hidden_states: this drafter does not read hidden states"),
 ]
 
 
