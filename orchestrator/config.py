@@ -130,7 +130,9 @@ class MtpDrafterConfig:
     kind: ClassVar[str] = "mtp"
     model: str = ""  # the directory `hetspec train-drafter --out` wrote
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "float32"  # the torch runtime's
+    runtime: str = "torch"  # torch | onnx (its ONNX export on the device's ONNX Runtime provider)
+    precision: str = "int4"  # the onnx runtime's: int4 | int8 | fp32
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ class CombinedDrafter(Drafter):
         self.name = "+".join(d.name for d in drafters)
         self.device = drafters[-1].device  # the last is the model, usually: its track
         self.batched = any(d.batched for d in drafters)
+        self.reads_hidden = any(d.reads_hidden for d in drafters)  # an MTP drafter among them
         self.acceptance = [Acceptance() for _ in drafters]  # pooled over sequences
         self.chosen = [0] * len(drafters)  # sequence-steps each drafter served
         self._drafts: dict[int, dict[int, list[int]]] = {}  # seq -> {drafter index: its draft this step}
@@ -132,6 +133,11 @@ class CombinedDrafter(Drafter):
             self._per_seq.setdefault((seq_id, i), Acceptance()).record(n, accepted, decay=0.98)
         for d in self.drafters:
             d.extend(seq_id, token_ids)
+
+    def accept_hidden(self, seq_id: int, block) -> None:
+        for d in self.drafters:
+            if d.reads_hidden:
+                d.accept_hidden(seq_id, block)
 
     def rollback(self, seq_id: int, n: int) -> None:
         self._drafts.pop(seq_id, None)

@@ -6,18 +6,24 @@ the K/V of its own layer for the pairs (h_i, x_{i+1}) it has run. Drafting first
 has not seen (one call), then feeds its own predicted feature back with each token it drafts; those
 K/V rows are scratch, overwritten next time. A block from another model, of another hidden size, or
 whose token range leaves a gap or runs past the committed tokens is refused.
+
+The layer runs on torch (cpu, cuda:N, npu:N through torch-npu) or, `runtime="onnx"`, as the ONNX
+export (`orchestrator.mtp.export`, INT4/INT8/fp32) on the ONNX Runtime provider of the device (CPU,
+CUDA, CANN).
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 import protocol
-from devices import DeviceUnavailable, resolve_torch_device
+from devices import DeviceUnavailable, ort_placement, resolve_torch_device
+from orchestrator.drafters.onnx_drafter import open_session
 from orchestrator.engine import Drafter, DraftProposal
 from orchestrator.engine.sampling import logits_to_probs, sample
 from orchestrator.errors import HetspecError, InvalidRequestError
-from orchestrator.mtp.model import MtpModel
+from orchestrator.mtp.model import WEIGHTS_NAME, MtpModel
 
 _GROW = 256  # cache rows added at a time
 
@@ -30,23 +36,86 @@ class _Seq:
     num_hidden: int = 0
     num_run: int = 0
     feature: torch.Tensor | None = None  # the output at pair num_run - 1 (predicts h_{num_run})
+    logits: torch.Tensor | None = None  # the draft head's on it [draft vocab]
+
+
+class _TorchRunner:
+    """The layer on torch; K/V cache [2, kv_heads, capacity, head_dim] on the device."""
+
+    def __init__(self, path, device: torch.device, dtype: torch.dtype):
+        self.model = MtpModel.load(path, dtype=dtype, device=device)
+        self.config, self.draft_ids, self.device = self.model.config, self.model.draft_ids, device
+        self.dtype = dtype
+
+    def new_cache(self, capacity: int) -> torch.Tensor:
+        return self.model.new_cache(capacity)
+
+    def grow(self, cache: torch.Tensor, rows: int) -> torch.Tensor:
+        return torch.cat([cache, cache.new_zeros(cache.shape[0], cache.shape[1], rows, cache.shape[3])], dim=2)
+
+    def step(self, hidden, next_ids, cache, start):
+        """-> features [T, H], draft logits of the last row [draft vocab]."""
+        features = self.model.step(hidden, next_ids, cache, start)
+        return features, self.model.logits(features[-1])
+
+
+class _OrtRunner:
+    """The ONNX export on ONNX Runtime; K/V cache [2, capacity, kv_heads, head_dim] on the host."""
+
+    def __init__(self, path, device: str, precision: str, providers: list[str] | None = None):
+        from safetensors import safe_open
+
+        from orchestrator.mtp.export import MODEL_FILE, export_mtp
+
+        model_dir = export_mtp(Path(path), precision)
+        placement = ort_placement(device)
+        names, options = (list(providers), None) if providers else ([placement.provider.name], [placement.options])
+        self.session = open_session(model_dir / MODEL_FILE, names, options, None)
+        self.config = MtpModel.read_config(path)
+        with safe_open(str(Path(path) / WEIGHTS_NAME), "pt") as f:
+            self.draft_ids = f.get_tensor("draft_ids").long()
+        self.device, self.dtype = torch.device("cpu"), torch.float32
+
+    def new_cache(self, capacity: int) -> torch.Tensor:
+        c = self.config
+        return torch.zeros(2, capacity, c.num_kv_heads, c.head_dim)
+
+    def grow(self, cache: torch.Tensor, rows: int) -> torch.Tensor:
+        return torch.cat([cache, cache.new_zeros(cache.shape[0], rows, *cache.shape[2:])], dim=1)
+
+    def step(self, hidden, next_ids, cache, start):
+        T = hidden.shape[0]
+        feats, logits, k, v = self.session.run(None, {
+            "hidden": hidden.float().contiguous().numpy(), "next_ids": next_ids.long().numpy(),
+            "positions": torch.arange(start, start + T).numpy(),
+            "past_key": cache[0, :start].numpy(), "past_value": cache[1, :start].numpy()})
+        cache[0, start:start + T] = torch.from_numpy(k)
+        cache[1, start:start + T] = torch.from_numpy(v)
+        return torch.from_numpy(feats), torch.from_numpy(logits[-1])
 
 
 class MtpDrafter(Drafter):
     reads_hidden = True
     overlaps = False  # drafting ahead would need hidden states the target has not computed yet
 
-    def __init__(self, path, device: str = "cpu", dtype: torch.dtype = torch.float32):
-        """`device`: cpu, cuda:N or npu:N (torch-npu); the layer is small, so any dtype will do."""
-        try:
-            torch_device = resolve_torch_device(device)
-        except DeviceUnavailable as e:
-            raise HetspecError(str(e)) from e
-        self.model = MtpModel.load(path, dtype=dtype, device=torch_device)
-        self.config = self.model.config
+    def __init__(self, path, device: str = "cpu", dtype: torch.dtype = torch.float32, runtime: str = "torch",
+                 precision: str = "int4", providers: list[str] | None = None):
+        """`runtime` torch: the layer on `device` (cpu, cuda:N, npu:N through torch-npu) in `dtype`;
+        onnx: its ONNX export at `precision` on the device's ONNX Runtime provider (or `providers`)."""
+        if runtime == "onnx":
+            self.runner = _OrtRunner(path, device, precision, providers)
+        elif runtime == "torch":
+            try:
+                torch_device = resolve_torch_device(device)
+            except DeviceUnavailable as e:
+                raise HetspecError(str(e)) from e
+            self.runner = _TorchRunner(path, torch_device, dtype)
+        else:
+            raise HetspecError(f"mtp runtime must be torch or onnx, got {runtime!r}")
+        self.config = self.runner.config
         self.device = str(device)
-        self.name = "mtp"
-        self.dtype = dtype
+        self.name = "mtp" if runtime == "torch" else f"mtp-onnx-{precision}"
+        self.dtype = self.runner.dtype
         self.unpacker = protocol.BlockUnpacker()
         self._seqs: dict[int, _Seq] = {}
 
@@ -62,9 +131,10 @@ class MtpDrafter(Drafter):
         if not prompt_ids:
             raise InvalidRequestError("the drafter needs a non-empty prompt")
         capacity = len(prompt_ids) + _GROW
-        H, model = self.config.hidden_size, self.model
-        self._seqs[seq_id] = _Seq(tokens=[int(t) for t in prompt_ids],
-                                  hidden=model.embed.new_zeros(capacity, H), cache=model.new_cache(capacity))
+        runner = self.runner
+        self._seqs[seq_id] = _Seq(tokens=[int(t) for t in prompt_ids], cache=runner.new_cache(capacity),
+                                  hidden=torch.zeros(capacity, self.config.hidden_size, dtype=runner.dtype,
+                                                     device=runner.device))
 
     def accept_hidden(self, seq_id: int, block) -> None:
         """A HIDDEN_STATE block (validated, checksum verified) with the target's states of positions
@@ -98,24 +168,23 @@ class MtpDrafter(Drafter):
         if k <= 0 or seq.num_hidden < last or last < 1:
             return DraftProposal(draft_ids=[])  # states not here (yet): nothing to draft from
         self._reserve(seq, last + k + 1)
-        model = self.model
+        runner = self.runner
         if seq.num_run < last or seq.feature is None:
             start = min(seq.num_run, last - 1)
             ids = torch.tensor(seq.tokens[start + 1:last + 1], device=seq.hidden.device)
-            seq.feature = model.step(seq.hidden[start:last], ids, seq.cache, start)[-1]
-            seq.num_run = last
-        feature, ids, probs, confidence = seq.feature, [], [], []
-        for j in range(k):
-            logits = model.logits(feature)  # [draft vocab]
+            features, seq.logits = runner.step(seq.hidden[start:last], ids, seq.cache, start)
+            seq.feature, seq.num_run = features[-1], last
+        feature, logits, ids, probs, confidence = seq.feature, seq.logits, [], [], []
+        for j in range(k):  # logits: [draft vocab] after the last token
             if temperature > 0:
                 full = logits.new_full((self.config.vocab_size,), float("-inf"))
-                full[model.draft_ids] = logits
+                full[runner.draft_ids] = logits
                 p = logits_to_probs(full, temperature, top_k, top_p)
                 token = int(sample(p, generator))
                 conf = float(p[token])
             else:
                 i = int(torch.argmax(logits))
-                token = int(model.draft_ids[i])
+                token = int(runner.draft_ids[i])
                 conf = float(1.0 / torch.exp(logits - logits[i]).sum())
             if conf < min_confidence:
                 break
@@ -124,8 +193,9 @@ class MtpDrafter(Drafter):
             if temperature > 0:
                 probs.append(p)
             if j + 1 < k:  # scratch rows past the committed pairs
-                feature = model.step(feature[None], torch.tensor([token], device=feature.device), seq.cache,
-                                     last + j)[0]
+                features, logits = runner.step(feature[None], torch.tensor([token], device=feature.device),
+                                               seq.cache, last + j)
+                feature = features[0]
         return DraftProposal(draft_ids=ids, draft_probs=torch.stack(probs).cpu() if probs else None,
                              confidence=confidence)
 
@@ -162,5 +232,4 @@ class MtpDrafter(Drafter):
             return
         grow = max(rows, capacity + _GROW) - capacity
         seq.hidden = torch.cat([seq.hidden, seq.hidden.new_zeros(grow, seq.hidden.shape[1])])
-        c = seq.cache
-        seq.cache = torch.cat([c, c.new_zeros(c.shape[0], c.shape[1], grow, c.shape[3])], dim=2)
+        seq.cache = self.runner.grow(seq.cache, grow)

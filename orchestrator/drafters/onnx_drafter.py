@@ -51,7 +51,7 @@ class OnnxDrafter(CachedDrafter):
             session_providers, options = list(providers), None
         else:
             session_providers, options = [placement.provider.name], [placement.options]
-        self.session = _open_session(self.model_path, session_providers, options, num_threads)
+        self.session = open_session(self.model_path, session_providers, options, num_threads)
         self._bind_io(_read_genai_config(self.model_path.parent))
         self._kv_device = (placement.memory, placement.device_id)  # OrtValue device type and id
         batched = self._share_buffer and placement.memory == "cpu" and self._attention_mask is not None
@@ -256,7 +256,7 @@ class _SharedKV:
             self.binding.bind_ortvalue_output(present, value)
 
 
-def _open_session(path: Path, providers: list[str], provider_options, num_threads: int | None):
+def open_session(path: Path, providers: list[str], provider_options, num_threads: int | None):
     available = ort.get_available_providers()
     absent = [p for p in providers if p not in available]
     if absent:

@@ -86,7 +86,8 @@ def build_ngram(config: NgramDrafterConfig, ctx: DrafterContext) -> Drafter:
 def build_mtp(config: MtpDrafterConfig, ctx: DrafterContext) -> Drafter:
     if not config.model:
         raise HetspecError("the mtp drafter needs `model`: the directory `hetspec train-drafter --out` wrote")
-    drafter = MtpDrafter(config.model, device=config.device, dtype=getattr(torch, config.dtype))
+    drafter = MtpDrafter(config.model, device=config.device, dtype=getattr(torch, config.dtype),
+                         runtime=config.runtime, precision=config.precision)
     trained_for = drafter.config
     if trained_for.target_model_id != ctx.target_ckpt.key:
         raise HetspecError(f"mtp drafter {config.model} was trained for {trained_for.target_name} "

@@ -121,7 +121,7 @@ def export_with_torch(ckpt: Checkpoint, out: Path, precision: str, block_size: i
         raise ExportError(f"torch.onnx.export of {s.family} failed: {type(e).__name__}: {e}") from e
     proto = onnx.load(str(fp32))
     if precision != "fp32":
-        proto = _quantize(proto, 4 if precision == "int4" else 8, block_size, int8_lm_head, accuracy_level)
+        proto = quantize_matmuls(proto, 4 if precision == "int4" else 8, block_size, int8_lm_head, accuracy_level)
     onnx.save_model(proto, str(out / MODEL_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=MODEL_FILE + ".data")
     for f in fp32.parent.iterdir():
@@ -134,7 +134,7 @@ def export_with_torch(ckpt: Checkpoint, out: Path, precision: str, block_size: i
         "search": {"past_present_share_buffer": False}}, indent=2))
 
 
-def _quantize(proto, bits: int, block_size: int, int8_lm_head: bool, accuracy_level: int | None):
+def quantize_matmuls(proto, bits: int, block_size: int, int8_lm_head: bool, accuracy_level: int | None = None):
     """MatMul weights to `bits`-bit blocks (symmetric); the lm_head at 8 bits when asked."""
     quantizer = _quantizer_class()
     lm_head = [node.name for node in proto.graph.node if node.op_type == "MatMul" and "lm_head" in node.input]

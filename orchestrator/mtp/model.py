@@ -166,7 +166,7 @@ class MtpModel(nn.Module):
         (out / CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
 
     @staticmethod
-    def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> "MtpModel":
+    def read_config(path: str | Path) -> MtpConfig:
         path = Path(path)
         try:
             config = MtpConfig(**json.loads((path / CONFIG_NAME).read_text()))
@@ -177,6 +177,12 @@ class MtpModel(nn.Module):
             raise CheckpointError(f"{path / CONFIG_NAME}: {e}") from e
         if config.format != FORMAT:
             raise CheckpointError(f"{path}: format {config.format!r}, this hetspec reads {FORMAT!r}")
+        return config
+
+    @staticmethod
+    def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> "MtpModel":
+        path = Path(path)
+        config = MtpModel.read_config(path)
         tensors = load_file(str(path / WEIGHTS_NAME))
         model = MtpModel(config, tensors["embed"].to(dtype), tensors["draft_ids"])
         missing, unexpected = model.load_state_dict(tensors, strict=False)

@@ -77,6 +77,11 @@ def _drafter(drafter, given: Overrides):
         drafter = replace(drafter, model=given.drafter_model)
     if not onnx:
         return drafter
+    if isinstance(drafter, MtpDrafterConfig) and set(onnx) <= {"precision", "drafter_device"}:
+        if "drafter_device" in onnx:  # a known device name
+            _placement(onnx["drafter_device"], "float32", "--drafter-device")
+        return replace(drafter, device=onnx.get("drafter_device", drafter.device), **(
+            {"runtime": "onnx", "precision": onnx["precision"]} if "precision" in onnx else {}))
     if not isinstance(drafter, OnnxDrafterConfig):
         flags = ", ".join("--" + k.replace("_", "-") for k in onnx)
         raise InvalidRequestError(f"{flags}: only for the onnx drafter, not {_kind(drafter)}")

@@ -166,16 +166,21 @@ class MtpDrafterSpec(_DrafterBase):
     kind: Literal["mtp"]
     model: str  # the directory `hetspec train-drafter --out` wrote
     device: Device = "cpu"
-    dtype: Dtype = "float32"
+    dtype: Dtype = "float32"  # the torch runtime's
+    runtime: Literal["torch", "onnx"] = "torch"  # onnx: its ONNX export on the device's ONNX Runtime provider
+    precision: Literal["int4", "int8", "fp32"] = "int4"  # the onnx runtime's
 
     def describe(self) -> str:
-        return f"mtp {self.model} ({self.dtype}) on {self.device}"
+        if self.runtime == "onnx":
+            return f"mtp {self.model} (onnx {self.precision}) on {self.device} ({ort_placement(self.device).provider.name})"
+        return f"mtp {self.model} (torch {self.dtype}) on {self.device}"
 
     def unavailable_reason(self) -> str:
-        return device_unavailable_reason(self.device)
+        return ort_unavailable_reason(self.device) if self.runtime == "onnx" else device_unavailable_reason(self.device)
 
     def drafter_config(self) -> MtpDrafterConfig:
-        return MtpDrafterConfig(model=self.model, device=self.device, dtype=self.dtype)
+        return MtpDrafterConfig(model=self.model, device=self.device, dtype=self.dtype, runtime=self.runtime,
+                                precision=self.precision)
 
 
 class RemoteDrafterSpec(_DrafterBase):

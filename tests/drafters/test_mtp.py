@@ -155,8 +155,8 @@ def test_hidden_states_reach_a_remote_mtp_drafter_and_are_sent_again_after_a_res
         served.stop(0)
 
 
-def _drafts_on(device, ckpt, path):
-    target, drafter = TargetRunner(ckpt, max_kv_tokens=256), MtpDrafter(path, device=device)
+def _drafts_on(device, ckpt, path, **kw):
+    target, drafter = TargetRunner(ckpt, max_kv_tokens=256), MtpDrafter(path, device=device, **kw)
     ids = [3, 17, 42, 8, 66, 5, 21, 9, 14]
     drafter.start(0, ids)
     _feed(drafter, target, 0, ids)
@@ -173,3 +173,44 @@ def test_the_drafter_on_cuda_drafts_as_on_the_cpu(tiny):
 @pytest.mark.skipif(not hasattr(torch, "npu"), reason="needs an Ascend NPU with torch-npu and CANN")
 def test_the_drafter_on_npu_drafts_as_on_the_cpu(tiny):
     assert _drafts_on("npu:0", *tiny) == _drafts_on("cpu", *tiny)
+
+
+def test_the_onnx_export_drafts_as_the_torch_layer_and_quantizes(tiny, smollm2_tokenizer):
+    ckpt, path = tiny
+    assert _drafts_on("cpu", ckpt, path, runtime="onnx", precision="fp32") == _drafts_on("cpu", ckpt, path)
+    int4 = _drafts_on("cpu", ckpt, path, runtime="onnx", precision="int4")
+    assert len(int4) == 5 and set(int4) <= set(MtpModel.load(path).draft_ids.tolist())
+    sizes = {p: sum(f.stat().st_size for f in (path / f"onnx-{p}").iterdir()) for p in ("fp32", "int4")}
+    assert sizes["int4"] < sizes["fp32"]
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(path / "onnx-int4" / "model.onnx"), load_external_data=False).graph.node}
+    assert "MatMulNBits" in ops
+    params = SamplingParams(max_new_tokens=30, ignore_eos=True)
+    prompt = [5, 9, 12, 40, 7]
+    expected = Engine(TargetRunner(ckpt, max_kv_tokens=512), smollm2_tokenizer).generate(prompt, params).output_ids
+    engine = Engine(TargetRunner(ckpt, max_kv_tokens=512), smollm2_tokenizer,
+                    MtpDrafter(path, runtime="onnx", precision="int4"), num_speculative_tokens=3)
+    seq = engine.generate(prompt, params)
+    assert seq.output_ids == expected and seq.stats.num_drafted > 0
+
+
+def test_combined_with_an_ngram_lookup_the_mtp_drafter_still_gets_its_states(tiny, smollm2_tokenizer):
+    from orchestrator.drafters.combined import CombinedDrafter
+    from orchestrator.drafters.ngram import NgramDrafter
+
+    ckpt, path = tiny
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    prompt = [5, 9, 12, 40, 7, 5, 9, 12]
+    expected = Engine(TargetRunner(ckpt, max_kv_tokens=512), smollm2_tokenizer).generate(prompt, params).output_ids
+    mtp = MtpDrafter(path)
+    combined = CombinedDrafter([NgramDrafter(), mtp])
+    assert combined.reads_hidden
+    engine = Engine(TargetRunner(ckpt, max_kv_tokens=512), smollm2_tokenizer, combined, num_speculative_tokens=3)
+    seq_id = engine.add_request(prompt, params)
+    engine.step()
+    engine.step()
+    assert mtp._seqs[seq_id].num_hidden == len(mtp._seqs[seq_id].tokens) - 1  # states of all but the newest
+    while engine.has_work():
+        engine.step()
+    assert engine.release(seq_id).output_ids == expected
