@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
                    help="KD temperature schedule (default 2.0 -> 1.0)")
     t.add_argument("--soft-weight", type=float, nargs=2, default=d.soft_weight, metavar=("START", "END"),
                    help="weight of the soft (KL) loss against the hard one, start -> end (default 0.9 -> 0.2)")
+    t.add_argument("--unroll", type=int, default=d.unroll,
+                   help="training passes per batch, each reading the features the pass before predicted, as "
+                        f"drafting does past its first token (default {d.unroll})")
     t.add_argument("--seed", type=int, default=d.seed)
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
     t.add_argument("--no-progress", action="store_true")
@@ -42,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out} is not empty: pass --resume to continue that run, or another directory")
     opts = TrainOptions(target=args.target, out=out, tokens=args.tokens, distill_share=args.distill_share,
                         response_tokens=args.response_tokens, draft_vocab=args.draft_vocab, epochs=args.epochs,
-                        batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+                        batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, unroll=args.unroll,
                         temperature=tuple(args.temperature), soft_weight=tuple(args.soft_weight), seed=args.seed,
                         resume=args.resume, progress=not args.no_progress)
     summary = train_drafter(opts)

@@ -20,18 +20,30 @@ def plot_training(history: list[dict], path: Path) -> Path:
     left.set_title("Distillation losses")
     evals = [h for h in history if "eval" in h]
     if evals:
-        for j in range(len(evals[-1]["eval"]["alpha"])):
-            right.plot([h["step"] for h in evals], [h["eval"]["alpha"][j] for h in evals], "o-",
-                       label=f"draft position {j + 1}")
+        shares = [_all_right(h["eval"]) for h in evals]
+        for j in range(len(shares[-1])):
+            right.plot([h["step"] for h in evals], [share[j] for share in shares], "o-",
+                       label=f"drafts 1..{j + 1} all right")
         right.plot([h["step"] for h in evals], [h["eval"]["top1"] for h in evals], "k--",
                    label="top-1 agreement, all held-out")
     right.plot(steps, [h["top1"] for h in history], color="grey", linewidth=0.5, label="top-1, training batch")
     right.set_ylim(0, 1)
     right.set_xlabel("step")
-    right.set_ylabel("held-out acceptance (greedy)")
-    right.set_title("Held-out acceptance per draft position")
+    right.set_ylabel("held-out, greedy: share of drafting steps")
+    right.set_title("Held-out acceptance by draft position")
     right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _all_right(report: dict) -> list[float]:
+    """P(drafts 1..j all right) per j (older reports give only the conditional rates)."""
+    if "all_right" in report:
+        return report["all_right"]
+    out, run = [], 1.0
+    for a in report["alpha"]:
+        run *= a
+        out.append(run)
+    return out

@@ -49,6 +49,7 @@ class TrainOptions:
     soft_weight: tuple[float, float] = (0.9, 0.2)
     feature_weight: float = 1.0
     noise: float = 0.05  # gaussian noise on input features, relative to their RMS (drafts read their own)
+    unroll: int = 3  # passes per batch, each reading the features the one before predicted
     eval_positions: int = 6
     save_every: int = 50
     resume: bool = False
@@ -62,6 +63,7 @@ class TrainOptions:
                   (self.response_tokens >= 1, "--response-tokens must be >= 1"),
                   (self.epochs >= 1, "--epochs must be >= 1"), (self.batch_size >= 1, "--batch-size must be >= 1"),
                   (self.seq_len >= 8, "--seq-len must be >= 8"), (self.lr > 0, "--lr must be > 0"),
+                  (self.unroll >= 1, "--unroll must be >= 1"),
                   (all(t > 0 for t in self.temperature), "temperatures must be > 0"),
                   (all(0 <= w <= 1 for w in self.soft_weight), "soft weights must be in [0, 1]")]
         for ok, message in checks:
@@ -113,11 +115,25 @@ def _batch(data: TeacherData, windows: list[tuple[int, int]], to_draft: torch.Te
 
 
 def _loss(model: MtpModel, batch, opts: TrainOptions, progress: float, gen: torch.Generator):
+    """Pass 1 reads the target's states; pass u > 1 reads, at each position, the feature pass u - 1 predicted
+    for it (what drafting position u reads at inference). The passes' losses are averaged."""
     hidden, next_ids, next_h, labels, mask = batch
     if opts.noise:
         rms = hidden.pow(2).mean(-1, keepdim=True).sqrt()
         hidden = hidden + opts.noise * rms * torch.randn(hidden.shape, generator=gen)
-    feats = model(hidden, next_ids)
+    total, metrics = 0.0, {}
+    for u in range(opts.unroll):
+        feats = model(hidden, next_ids)
+        loss, m = _pass_loss(model, feats, next_h, labels, mask, opts, progress)
+        total = total + loss / opts.unroll
+        metrics = metrics or m
+        metrics[f"top1_pass{u + 1}"] = m["top1"]
+        hidden = torch.cat([hidden[:, :1], feats[:, :-1].detach()], dim=1)
+    metrics["loss"] = float(total)
+    return total, metrics
+
+
+def _pass_loss(model: MtpModel, feats, next_h, labels, mask, opts: TrainOptions, progress: float):
     f, h, y = feats[mask], next_h[mask], labels[mask]
     scale = h.pow(2).mean().sqrt().clamp_min(1e-6)  # regression in units of the features' RMS
     feature = F.smooth_l1_loss(f / scale, h / scale)
@@ -171,11 +187,10 @@ def evaluate(model: MtpModel, data: TeacherData, seqs: list[int], positions: int
                 pos += 1
                 tok = int(model.draft_ids[model.logits(f).argmax()])
     alpha = [r / t if t else 0.0 for r, t in zip(right, tried)]
-    expected, run = 1.0, 1.0  # committed tokens per step with every position drafted: 1 + sum prod alpha
-    for a in alpha:
-        run *= a
-        expected += run
-    return {"alpha": alpha, "tried": tried, "top1": top1_all / max(1, n_all), "mean_accepted_len": expected}
+    # P(drafts 1..j all right): what a step drafting j commits beyond the bonus token, summed
+    all_right = [r / tried[0] if tried[0] else 0.0 for r in right]
+    return {"alpha": alpha, "tried": tried, "all_right": all_right, "top1": top1_all / max(1, n_all),
+            "mean_accepted_len": 1.0 + sum(all_right)}
 
 
 def _save_state(out: Path, model: MtpModel, optim: torch.optim.Optimizer, step: int, history: list) -> None:
