@@ -277,3 +277,27 @@ def test_the_readme_example_loads_and_its_fallbacks_resolve(tmp_path):
     example = readme.split("Writing one")[1].split("```yaml\n")[1].split("```")[0]
     plan = load_profile(write(tmp_path, example)).plan()
     assert plan.ok and plan.target.device in ("cpu", "cuda:0") and plan.drafter in ("npu-int4", "lookup")
+
+
+def test_mtp_drafters_from_a_profile_and_from_flags(tmp_path):
+    from orchestrator.config import MtpDrafterConfig, RemoteDrafterConfig
+
+    profile = load_profile(write(tmp_path, base(drafters={
+        "m": {"kind": "mtp", "model": "/d", "runtime": "onnx", "precision": "int8", "device": "npu:0",
+              "fallback": ["r"]},
+        "r": {"kind": "remote", "address": "127.0.0.1:50061", "hidden_states": True}},
+        speculation={"drafter": "r"})))
+    assert profile.engine_config().drafter == RemoteDrafterConfig(address="127.0.0.1:50061", hidden_states=True)
+    assert profile.drafters["m"].drafter_config() == MtpDrafterConfig(model="/d", device="npu:0", runtime="onnx",
+                                                                      precision="int8")
+    assert "CANNExecutionProvider" in profile.drafters["m"].describe()
+    c = _apply(drafter="mtp", drafter_model="/d")
+    assert c.drafter == MtpDrafterConfig(model="/d")
+    assert _apply(drafter="mtp", drafter_model="/d", precision="int4").drafter.runtime == "onnx"
+    with pytest.raises(HetspecError, match="--drafter mtp needs --drafter-model DIR"):
+        _apply(drafter="mtp")
+    with pytest.raises(HetspecError, match="--block-size: only for the onnx drafter, not the mtp drafter"):
+        _apply(drafter="mtp", drafter_model="/d", block_size=64)
+    with pytest.raises(ProfileError, match="drafters.m.runtime"):
+        load_profile(write(tmp_path, base(drafters={"m": {"kind": "mtp", "model": "/d", "runtime": "tvm"}},
+                                          speculation={"drafter": "m"})))
