@@ -7,7 +7,7 @@ side runs each prompt in turn, the order rotating. `--remote` adds the MTP draft
 `hetspec drafter serve` in another process (hidden states over the wire) as one more side.
 
     hetspec train-drafter --target smollm2-135m --out DIR
-    python bench/bench_mtp.py --drafter DIR [--prompts 12] [--tokens 128] [-k 4|auto] [--remote]
+    python bench/bench_mtp.py --drafter DIR [--prompts 12] [--tokens 128] [-k auto|N] [--remote]
 
 Prints and writes bench/figures/mtp-cpu.json: tokens/s, speedup, alpha per position, mean accepted
 length and c per side and workload, with the machine and commit, and the drafter's training summary.
@@ -50,7 +50,7 @@ def main():
     ap.add_argument("--drafter", required=True, help="the MTP drafter's directory (hetspec train-drafter --out)")
     ap.add_argument("--prompts", type=int, default=12, help="chat prompts (code has 5)")
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("-k", default="4", help="fixed k for every drafter, or auto (default 4)")
+    ap.add_argument("-k", default="auto", help="fixed k for every drafter, or auto (the default)")
     ap.add_argument("--remote", action="store_true", help="also the MTP drafter behind `hetspec drafter serve`")
     ap.add_argument("--skip-int8", action="store_true")
     args = ap.parse_args()
