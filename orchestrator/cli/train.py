@@ -33,6 +33,8 @@ def add_parser(sub) -> None:
     t.add_argument("--unroll", type=int, default=d.unroll,
                    help="training passes per batch, each reading the features the pass before predicted, as "
                         f"drafting does past its first token (default {d.unroll})")
+    t.add_argument("--unroll-decay", type=float, default=d.unroll_decay,
+                   help=f"pass u's loss weighs DECAY^(u-1) (default {d.unroll_decay})")
     t.add_argument("--seed", type=int, default=d.seed)
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
     t.add_argument("--no-progress", action="store_true")
@@ -46,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     opts = TrainOptions(target=args.target, out=out, tokens=args.tokens, distill_share=args.distill_share,
                         response_tokens=args.response_tokens, draft_vocab=args.draft_vocab, epochs=args.epochs,
                         batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, unroll=args.unroll,
+                        unroll_decay=args.unroll_decay,
                         temperature=tuple(args.temperature), soft_weight=tuple(args.soft_weight), seed=args.seed,
                         resume=args.resume, progress=not args.no_progress)
     summary = train_drafter(opts)

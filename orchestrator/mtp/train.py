@@ -50,6 +50,7 @@ class TrainOptions:
     feature_weight: float = 1.0
     noise: float = 0.05  # gaussian noise on input features, relative to their RMS (drafts read their own)
     unroll: int = 3  # passes per batch, each reading the features the one before predicted
+    unroll_decay: float = 0.5  # pass u's loss weighs decay^(u-1) (the first draft counts most)
     eval_positions: int = 6
     save_every: int = 50
     resume: bool = False
@@ -64,6 +65,7 @@ class TrainOptions:
                   (self.epochs >= 1, "--epochs must be >= 1"), (self.batch_size >= 1, "--batch-size must be >= 1"),
                   (self.seq_len >= 8, "--seq-len must be >= 8"), (self.lr > 0, "--lr must be > 0"),
                   (self.unroll >= 1, "--unroll must be >= 1"),
+                  (0 < self.unroll_decay <= 1, "--unroll-decay must be in (0, 1]"),
                   (all(t > 0 for t in self.temperature), "temperatures must be > 0"),
                   (all(0 <= w <= 1 for w in self.soft_weight), "soft weights must be in [0, 1]")]
         for ok, message in checks:
@@ -116,16 +118,17 @@ def _batch(data: TeacherData, windows: list[tuple[int, int]], to_draft: torch.Te
 
 def _loss(model: MtpModel, batch, opts: TrainOptions, progress: float, gen: torch.Generator):
     """Pass 1 reads the target's states; pass u > 1 reads, at each position, the feature pass u - 1 predicted
-    for it (what drafting position u reads at inference). The passes' losses are averaged."""
+    for it (what drafting position u reads at inference). Pass u's loss weighs unroll_decay^(u-1)."""
     hidden, next_ids, next_h, labels, mask = batch
     if opts.noise:
         rms = hidden.pow(2).mean(-1, keepdim=True).sqrt()
         hidden = hidden + opts.noise * rms * torch.randn(hidden.shape, generator=gen)
     total, metrics = 0.0, {}
+    weights = [opts.unroll_decay ** u for u in range(opts.unroll)]
     for u in range(opts.unroll):
         feats = model(hidden, next_ids)
         loss, m = _pass_loss(model, feats, next_h, labels, mask, opts, progress)
-        total = total + loss / opts.unroll
+        total = total + loss * weights[u] / sum(weights)
         metrics = metrics or m
         metrics[f"top1_pass{u + 1}"] = m["top1"]
         hidden = torch.cat([hidden[:, :1], feats[:, :-1].detach()], dim=1)
