@@ -20,7 +20,9 @@ from orchestrator.drafters import LOCAL_DRAFTERS, Builder, DrafterContext
 from orchestrator.drafters.combined import CombinedDrafter
 from orchestrator.engine import Drafter, Engine
 from orchestrator.errors import HetspecError
-from orchestrator.models import Checkpoint, TargetRunner, eos_token_ids, load_tokenizer, resolve
+from orchestrator.models import Checkpoint, ModelSpec, TargetRunner, eos_token_ids, load_tokenizer, resolve
+from orchestrator.profiles import Profile
+from orchestrator.server import DrafterServicer
 from orchestrator.server.remote_drafter import build_remote_drafter
 from orchestrator.tracing import Tracer
 from protocol import StagingPool
@@ -57,8 +59,10 @@ class Assembly:
                       overlap=c.overlap if overlap is None else overlap, block_transport=c.transport.kind)
 
 
-def assemble(config: EngineConfig, tracer: Tracer | None = None, progress: bool = True) -> Assembly:
-    """Load the checkpoint and tokenizer, start the target on its device, build the drafter."""
+def assemble(config: EngineConfig, tracer: Tracer | None = None, progress: bool = True,
+             builders: dict[type, Builder] | None = None) -> Assembly:
+    """Load the checkpoint and tokenizer, start the target on its device, build the drafter
+    (`builders`: drafter kinds beyond the registry's, such as a cluster's drafter pool)."""
     config.validate()
     ckpt = resolve(config.model)
     tokenizer = load_tokenizer(ckpt)
@@ -70,7 +74,8 @@ def assemble(config: EngineConfig, tracer: Tracer | None = None, progress: bool 
     if config.speculates:
         ctx = drafter_context(config, ckpt, target=target, tracer=tracer, staging=staging, progress=progress,
                               target_tokenizer=tokenizer)
-        drafter = build_drafter(config.drafter, ctx)
+        builder = (builders or {}).get(type(config.drafter))
+        drafter = builder(config.drafter, ctx) if builder else build_drafter(config.drafter, ctx)
     return Assembly(config, ckpt, tokenizer, target, drafter, eos_token_ids(ckpt, tokenizer), tracer, staging)
 
 
@@ -100,3 +105,22 @@ def build_drafter(config: DrafterConfig, ctx: DrafterContext) -> Drafter:
     if builder is None:
         raise HetspecError(f"unknown drafter config {type(config).__name__}")
     return builder(config, ctx)
+
+
+def build_drafter_servicer(profile: Profile, name: str, progress: bool = True) -> tuple[DrafterServicer, EngineConfig]:
+    """One of a profile's local drafters, built and wrapped as `hetspec.v1.Drafter` sessions
+    (`hetspec drafter serve`, and a cluster's drafter actors)."""
+    if profile.drafters[name].kind == "remote":
+        raise HetspecError(f"drafter {name!r} is itself remote; serve a local one (onnx, torch, ngram, mtp)")
+    speculation = profile.speculation.model_copy(update={"drafter": name, "drafters": []})
+    profile = profile.model_copy(update={"speculation": speculation})
+    config = profile.engine_config()
+    if not config.speculates:
+        raise HetspecError(f"profile {profile.source}: speculation.num_speculative_tokens is 0: nothing to serve")
+    ckpt = resolve(config.model)
+    drafter = build_drafter(config.drafter, drafter_context(config, ckpt, progress=progress))
+    # a self-drafter (exported from the target's checkpoint) can take the target's K/V
+    model_id = ckpt.key if getattr(config.drafter, "model", None) is None else None
+    vocab_size = ModelSpec.from_config(ckpt.config_dict()).vocab_size
+    servicer = DrafterServicer(drafter, vocab_size=vocab_size, model_id=model_id, transport=config.transport.kind)
+    return servicer, config

@@ -24,6 +24,7 @@ LAYERS = [  # lowest first
     ("orchestrator.drafters",),
     ("orchestrator.server",),
     ("orchestrator.assemble",),
+    ("orchestrator.cluster",),
     ("orchestrator.latency",),
     ("orchestrator.cli",),
 ]
@@ -177,3 +178,22 @@ def test_the_checks_catch_what_they_are_for():
     assert protobuf == ["orchestrator/engine/_layout_probe.py:2 imports protocol.pb.blocks_pb2",
                         "orchestrator/engine/_layout_probe.py:2 imports protocol.pb"]
     assert reach_ins == ["orchestrator/engine/_layout_probe.py:3 imports protocol.codec (use the door: `import protocol`)"]
+
+
+def _ray_imports(files: dict[str, tuple[Path, str]]) -> list[str]:
+    """Imports of ray outside `orchestrator.cluster` (the `[ray]` extra's only room)."""
+    found = []
+    for module, (path, text) in files.items():
+        if module == "orchestrator.cluster" or module.startswith("orchestrator.cluster."):
+            continue
+        found += [f"{path.relative_to(ROOT)}:{line} imports {name}" for name, line in _imports(path, module, text)
+                  if name == "ray" or name.startswith("ray.")]
+    return found
+
+
+def test_only_the_cluster_room_imports_ray():
+    files = {module: (path, path.read_text()) for module, path in _sources().items()}
+    assert _ray_imports(files) == []
+    probe = ROOT / "orchestrator" / "engine" / "_ray_probe.py"  # never written
+    assert _ray_imports({"orchestrator.engine._ray_probe": (probe, "import ray.util\n")}) == [
+        "orchestrator/engine/_ray_probe.py:1 imports ray.util"]

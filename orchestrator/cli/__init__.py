@@ -1,6 +1,7 @@
 """`hetspec` command line: one module per verb, each adding its parser and handler.
 
     hetspec generate | export-drafter | train-drafter | devices | profile check|run|compare | serve | client | drafter serve
+    | cluster up|status|down
 
 A handler takes the parsed args and returns an exit code. Errors a user can act on
 (`HetspecError`) are one line on stderr and exit 1; bad flags exit 2; a bug is one line
@@ -11,7 +12,7 @@ import logging
 import os
 import sys
 
-from orchestrator.cli import client, devices, drafter, export, generate, profile, serve, train
+from orchestrator.cli import client, cluster, devices, drafter, export, generate, profile, serve, train
 from orchestrator.cli.common import Parser, UsageError
 from orchestrator.errors import HetspecError
 
@@ -27,6 +28,7 @@ def build_parser() -> Parser:
     serve.add_parser(sub)
     client.add_parser(sub)
     drafter.add_parser(sub, Parser)
+    cluster.add_parser(sub, Parser)
     return parser
 
 

@@ -2,14 +2,12 @@
 
 import argparse
 
-from orchestrator.assemble import drafter_context
+from orchestrator.assemble import build_drafter_servicer
 from orchestrator.cli.common import ready, wait_for_signal
-from orchestrator.cli.serve import add_server_args, server_options
-from orchestrator.drafters import build_local_drafter
+from orchestrator.cli.serve import add_server_args
 from orchestrator.errors import HetspecError
-from orchestrator.models import ModelSpec, resolve
 from orchestrator.profiles import load_profile
-from orchestrator.server import DrafterServicer, start_server
+from orchestrator.server import server_options, start_server
 
 
 def add_parser(sub, parser_class) -> None:
@@ -30,24 +28,12 @@ def run(args: argparse.Namespace) -> int:
     if name not in profile.drafters:
         raise HetspecError(f"--drafter: profile {profile.source} has no drafter {name!r} "
                            f"(it has {', '.join(profile.drafters) or 'none'})")
-    if profile.drafters[name].kind == "remote":
-        raise HetspecError(f"drafter {name!r} is itself remote; serve a local one (onnx, torch, ngram)")
-    speculation = profile.speculation.model_copy(update={"drafter": name})
-    profile = profile.model_copy(update={"speculation": speculation})
     options = server_options(profile, args.host, args.port, profile.server.drafter_port)
-    config = profile.engine_config()
-    if not config.speculates:
-        raise HetspecError(f"profile {profile.source}: speculation.num_speculative_tokens is 0: nothing to serve")
-    ckpt = resolve(config.model)
-    drafter = build_local_drafter(config.drafter, drafter_context(config, ckpt, progress=True))
-    # a self-drafter (exported from the target's checkpoint) can take the target's K/V
-    model_id = ckpt.key if getattr(config.drafter, "model", None) is None else None
-    vocab_size = ModelSpec.from_config(ckpt.config_dict()).vocab_size
-    servicer = DrafterServicer(drafter, vocab_size=vocab_size, model_id=model_id, transport=config.transport.kind)
+    servicer, config = build_drafter_servicer(profile, name)
     served = start_server(options, [servicer.register])
     ready(f"serving hetspec.v1.Drafter ({config.drafter_kind}) on {options.host}:{served.port} "
           f"(profile {profile.source})")
     wait_for_signal()
     served.stop()
-    drafter.close()
+    servicer.drafter.close()
     return 0

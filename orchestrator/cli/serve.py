@@ -9,9 +9,8 @@ from prometheus_client import start_http_server
 from orchestrator.assemble import build_engine
 from orchestrator.cli.common import ready, wait_for_signal
 from orchestrator.errors import HetspecError
-from orchestrator.profiles import Profile, load_profile
-from orchestrator.server import EngineLoop, EngineMetrics, GenerationServicer, ServerOptions, start_server
-from orchestrator.server.channels import token_from_env
+from orchestrator.profiles import load_profile
+from orchestrator.server import EngineLoop, EngineMetrics, GenerationServicer, server_options, start_server
 from orchestrator.server.openai_http import build_app, start_http
 from orchestrator.tracing import Tracer
 
@@ -33,18 +32,6 @@ def add_server_args(p: argparse.ArgumentParser, port_key: str) -> None:
     p.add_argument("--profile", default="cpu", metavar="FILE|NAME", help="placement profile (default: the shipped 'cpu')")
     p.add_argument("--host", default=None, help="address to bind (default: the profile's server.host, 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help=f"port (default: the profile's {port_key}; 0 = any free port)")
-
-
-def server_options(profile: Profile, host: str | None, port: int | None, default_port: int) -> ServerOptions:
-    s = profile.server
-    if port is not None and not 0 <= port <= 65535:
-        raise HetspecError(f"--port must be in 0..65535, got {port}")
-    tls = s.tls
-    return ServerOptions(host=host or s.host, port=default_port if port is None else port,
-                         max_message_bytes=profile.transport.max_message_bytes,
-                         max_workers=s.max_concurrent_requests + s.max_queued_requests + 16,  # + health, reflection
-                         tls_cert_file=tls.cert_file if tls else None, tls_key_file=tls.key_file if tls else None,
-                         tls_ca_file=tls.ca_file if tls else None, token=token_from_env(s.auth_token_env))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,9 +11,9 @@ estimate reads checkpoint headers (`orchestrator.models`). Nothing here builds o
 """
 
 from orchestrator.profiles.check import check_profile, format_check
-from orchestrator.profiles.loader import load_profile, shipped_profiles
+from orchestrator.profiles.loader import load_profile, parse_profile, read_profile_text, shipped_profiles
 from orchestrator.profiles.overrides import Overrides, apply_overrides
 from orchestrator.profiles.profile import Profile
 
 __all__ = ["Overrides", "Profile", "apply_overrides", "check_profile", "format_check", "load_profile",
-           "shipped_profiles"]
+           "parse_profile", "read_profile_text", "shipped_profiles"]

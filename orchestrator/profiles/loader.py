@@ -22,7 +22,16 @@ def shipped_profiles() -> list[str]:
 
 def load_profile(ref: str) -> Profile:
     """A shipped profile name (e.g. `cpu`) or a path to a YAML file -> a validated `Profile`."""
-    text, source = _read(str(ref))
+    return parse_profile(*_read(str(ref)))
+
+
+def read_profile_text(ref: str) -> tuple[str, str]:
+    """(YAML text, source) of a shipped name or a file: what travels to another host's process."""
+    return _read(str(ref))
+
+
+def parse_profile(text: str, source: str) -> Profile:
+    """A profile's YAML text -> a validated `Profile` (`source` names it in errors)."""
     data = _parse_yaml(text, source)
     try:
         profile = Profile.model_validate(data)

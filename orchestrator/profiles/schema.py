@@ -9,8 +9,6 @@ from typing import Annotated, Literal, Union
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     PlainSerializer,
     PlainValidator,
@@ -32,10 +30,11 @@ from orchestrator.config import (
     TorchDrafterConfig,
     TransportConfig,
 )
+from orchestrator.profiles.cluster_schema import ClusterSpec
+from orchestrator.profiles.schema_base import PositiveInt, Section
 
 DRAFTER_KINDS = ("onnx", "torch", "ngram", "mtp", "remote")
 Dtype = Literal[DTYPES]
-PositiveInt = Annotated[int, Field(gt=0)]
 DrafterName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
 
 
@@ -55,21 +54,6 @@ def _check_scalar(value):
 
 Scalar = Annotated[object, AfterValidator(_check_scalar)]
 Device = Annotated[str, AfterValidator(_check_device)]  # cpu, cuda:N, npu:N (parsed, not probed)
-
-
-class Section(BaseModel):
-    """Strict types (YAML `"4"` is not 4), unknown keys named with the allowed ones."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_keys(cls, data):
-        if isinstance(data, dict):
-            for key in data:
-                if key not in cls.model_fields:
-                    raise ValueError(f"unknown key {key!r} (allowed: {', '.join(cls.model_fields)})")
-        return data
 
 
 class Placement(Section):
@@ -381,3 +365,4 @@ class ProfileSpec(Section):
     profiling: ProfilingSpec = ProfilingSpec()
     transport: TransportSpec = TransportSpec()
     server: ServerSpec = ServerSpec()
+    cluster: ClusterSpec | None = None  # drafter pools and target replicas on Ray (`hetspec cluster`)

@@ -19,8 +19,8 @@ from orchestrator.server.engine_loop import EngineLoop
 from orchestrator.server.generation import GenerationServicer
 from orchestrator.server.metrics import EngineMetrics
 from orchestrator.server.remote_drafter import RemoteDrafter, build_remote_drafter
-from orchestrator.server.serve import Served, ServerOptions, start_server
+from orchestrator.server.serve import Served, ServerOptions, server_options, start_server
 
 __all__ = ["ChannelOptions", "DrafterServicer", "EngineLoop", "EngineMetrics", "GenerationClient",
            "GenerationServicer", "RemoteDrafter", "Served", "ServerOptions", "build_remote_drafter", "open_channel",
-           "start_server", "token_from_env"]
+           "server_options", "start_server", "token_from_env"]

@@ -53,7 +53,8 @@ class DrafterServicer:
         self.num_kv_opens = 0
         self._lock = threading.Lock()  # the drafter's state is not thread-safe
         self._ids = itertools.count()
-        self.num_sessions = 0
+        self.num_sessions = 0  # ever opened
+        self._live: dict[int, dict] = {}  # open sessions' sequences, by session number
 
     def register(self, server: grpc.Server) -> str:
         handler = grpc.stream_stream_rpc_method_handler(
@@ -66,7 +67,10 @@ class DrafterServicer:
         seqs: dict[int, _Seq] = {}
         # one packer per session: its shared-memory blocks live until the session's next batch
         packer = protocol.BlockPacker(self.transport)
-        self.num_sessions += 1
+        with self._lock:
+            number = self.num_sessions
+            self.num_sessions += 1
+            self._live[number] = seqs
         try:
             for frame in requests:
                 if frame.protocol_version != protocol.PROTOCOL_VERSION:
@@ -75,9 +79,15 @@ class DrafterServicer:
                 yield self._answer(frame, seqs, packer)
         finally:
             with self._lock:
+                del self._live[number]
                 for seq in seqs.values():
                     self.drafter.finish(seq.local_id)
             packer.close()
+
+    def load(self) -> tuple[int, int]:
+        """(open sessions, open sequences): what a pool routes new sessions by."""
+        with self._lock:
+            return len(self._live), sum(len(seqs) for seqs in self._live.values())
 
     def _answer(self, frame: pb.DrafterRequest, seqs: dict[int, _Seq],
                 packer: protocol.BlockPacker) -> pb.DrafterResponse:

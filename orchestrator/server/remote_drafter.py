@@ -18,11 +18,14 @@ For an MTP drafter (`reads_hidden`) the mirror also keeps the target's hidden st
 committed position; the rows the drafter has not had travel as HIDDEN_STATE blocks (float16 on the
 wire, split to fit a message) in hidden-only verify results of the next batch, and a re-opened
 sequence gets all of them again.
+
+The session itself (channel, probe, backoff, and a resolver when a drafter pool picks the
+address) is kept by `remote_link.SessionLink`.
 """
 
-import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -34,13 +37,13 @@ from orchestrator.drafters import DrafterContext
 from orchestrator.engine import Drafter, DrafterStatus, DraftProposal, DraftRequest
 from orchestrator.engine.swap import export_kv
 from orchestrator.models import TargetRunner
-from orchestrator.server.channels import ChannelOptions, call_metadata, open_channel, token_from_env
+from orchestrator.server.channels import ChannelOptions, token_from_env
 from orchestrator.server.remote_hidden import HiddenRows
-from orchestrator.server.remote_session import V1, DrafterFailure, Probe, Session, check_answer
+from orchestrator.server.remote_link import SessionLink
+from orchestrator.server.remote_session import V1, DrafterFailure, check_answer
 from orchestrator.tracing import Span, Tracer, Track
 from protocol import BlockError
 from protocol.pb import drafter_pb2 as pb
-from protocol.pb import drafter_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -55,24 +58,26 @@ class _Mirror:
     hidden: HiddenRows = field(default_factory=HiddenRows)  # the target's states (an MTP drafter)
 
 
-class RemoteDrafter(Drafter):
+class RemoteDrafter(SessionLink, Drafter):
     """The Drafter interface over gRPC, with failover to target-only and reconnection."""
 
     name = "remote"
 
-    def __init__(self, address: str, channel_options: ChannelOptions | None = None, timeout_s: float = 5.0,
+    def __init__(self, address: str | None, channel_options: ChannelOptions | None = None, timeout_s: float = 5.0,
                  vocab_size: int | None = None, backoff_s: tuple[float, float] = (0.5, 30.0),
                  prefill_allowance_s_per_token: float = 0.005, connect_timeout_s: float | None = None,
                  kv_source: TargetRunner | None = None, staging: protocol.StagingPool | None = None,
                  transport: str = "inline", tracer: Tracer | None = None, reads_hidden: bool = False,
-                 model_id: str = ""):
-        self.address = address
+                 model_id: str = "", resolve: Callable[[], str | None] | None = None):
+        if address is None and resolve is None:
+            raise ValueError("a remote drafter needs an address or a resolver")
+        SessionLink.__init__(self, address, channel_options, timeout_s, backoff_s, resolve)
         self.reads_hidden = reads_hidden  # an MTP drafter: the target's hidden states go with every batch
         self.model_id = model_id  # the target's, on the hidden-state blocks
         self._hidden_packer = protocol.BlockPacker("inline")
         # each propose round trip less the drafter's own compute is recorded as a `wire` span
         self.tracer = tracer or Tracer(enabled=False)
-        self._wire_track = Track(address, "wire")
+        self._wire_track = Track(address or "drafter pool", "wire")
         # KV handoff: the target whose prefill K/V open each sequence on a remote self-drafter
         self.kv_source = kv_source
         self._staging = staging or (protocol.StagingPool(kv_source.device) if kv_source is not None else None)
@@ -80,33 +85,22 @@ class RemoteDrafter(Drafter):
         self.blocks_in = protocol.BlockUnpacker()  # the drafter's probability blocks
         # a KV block must fit a message with room to spare; longer prompts open without one
         self._max_kv_bytes = (channel_options or ChannelOptions()).max_message_bytes // 2
-        self.timeout_s = timeout_s
         self.vocab_size = vocab_size  # the target's: draft ids are checked against it
-        self.backoff_s = backoff_s
         self.prefill_allowance = prefill_allowance_s_per_token
-        # gRPC's own reconnect backoff for the TCP/HTTP2 connection; ours gates new sessions
-        self._channel = open_channel(address, channel_options, extra=[
-            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 2000)])
-        self._metadata = call_metadata(channel_options)
-        self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
         self._seqs: dict[int, _Mirror] = {}
         self._verify: list[pb.VerifyResult] = []  # since the last flush: one VerifyBatch
-        self._ids = itertools.count(1)
         self._expect: list[int] = []  # request ids sent and not yet answered, in order
-        self._session: Session | None = None
-        self._probe: Probe | None = None  # a new session until the drafter has answered its probe
-        self._ready: grpc.Future | None = None
-        self._next_attempt = 0.0
-        self._backoff = backoff_s[0]
-        self._ever_connected = False
-        self.num_reconnects = 0
         self.num_failures = 0
         self.last_error = ""
         # accounting: wall time of propose round trips vs the drafter's own compute time
         self.num_batches = 0
         self.round_trip_s = 0.0
         self.compute_s = 0.0
+        if address is None:
+            if not self._resolve(wait=True):  # no drafter up yet: asked again at later steps
+                return
+        else:
+            self._connect(address)
         try:
             grpc.channel_ready_future(self._channel).result(timeout=connect_timeout_s or timeout_s)
             self._open_session()
@@ -117,8 +111,8 @@ class RemoteDrafter(Drafter):
 
     @property
     def state(self) -> str:
-        if self._session is not None:
-            return "connected"
+        if self._session is not None:  # a session the drafter ended is noticed at the next step
+            return "unavailable" if self._session.call.done() else "connected"
         return "connecting" if self._probe is not None else "unavailable"
 
     def status(self) -> DrafterStatus:
@@ -188,7 +182,10 @@ class RemoteDrafter(Drafter):
 
     def close(self) -> None:
         self._drop_sessions()
-        self._channel.close()
+        if self._asker is not None:
+            self._asker.shutdown(wait=False)
+        if self._channel is not None:
+            self._channel.close()
         self._packer.close()
         self._hidden_packer.close()
         self.blocks_in.close()
@@ -335,54 +332,19 @@ class RemoteDrafter(Drafter):
         self._next_attempt = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self.backoff_s[1])
 
-    def _drop_sessions(self) -> None:
-        if self._session is not None:
-            self._session.close()
-        if self._probe is not None:
-            self._probe.session.close()
-        self._session = self._probe = None
 
-    def _maybe_reconnect(self) -> None:
-        """Never blocks: a ready-future keeps the channel connecting between steps, and a new
-        session's probe is answered in the background."""
-        if self._probe is not None:
-            self._take_probe()
-            return
-        if time.monotonic() < self._next_attempt:
-            return
-        if self._ready is None:
-            self._ready = grpc.channel_ready_future(self._channel)
-        if not self._ready.done():
-            return
-        self._ready = None
-        self._open_session()
-
-    def _open_session(self) -> None:
-        self._probe = Probe(Session(self._stub, self._metadata), next(self._ids), self.timeout_s)
-
-    def _take_probe(self) -> None:
-        """Use the new session once its probe is answered (or fail it)."""
-        probe = self._probe
-        if not probe.done.is_set():
-            return
-        if probe.error is not None:
-            self._fail(probe.error)
-            return
-        self._probe, self._session = None, probe.session
-        if self._ever_connected:
-            self.num_reconnects += 1
-            log.warning("drafter at %s: session re-established; speculation resumes", self.address)
-        self._ever_connected = True
-
-
-def build_remote_drafter(config: RemoteDrafterConfig, ctx: DrafterContext) -> RemoteDrafter:
-    """The registry's builder for the remote kind: channel, token and KV source from the assembly."""
+def build_remote_drafter(config: RemoteDrafterConfig, ctx: DrafterContext,
+                         resolve: Callable[[], str | None] | None = None,
+                         backoff_s: tuple[float, float] = (0.5, 30.0)) -> RemoteDrafter:
+    """The registry's builder for the remote kind: channel, token and KV source from the assembly
+    (with `resolve`, a pool picks the address and `config.address` is not used)."""
     channel = ChannelOptions(tls=config.tls or config.ca_file is not None, ca_file=config.ca_file,
                              cert_file=config.cert_file, key_file=config.key_file,
                              token=token_from_env(config.token_env, "drafters.*.token_env"),
                              max_message_bytes=ctx.max_message_bytes)
     target = ctx.target
-    return RemoteDrafter(config.address, channel, timeout_s=config.timeout_s,
+    return RemoteDrafter(None if resolve else config.address, channel, timeout_s=config.timeout_s,
+                         resolve=resolve, backoff_s=backoff_s,
                          vocab_size=target.vocab_size if target is not None else None,
                          kv_source=target if config.kv_handoff else None, staging=ctx.staging,
                          transport=ctx.transport, tracer=ctx.tracer, reads_hidden=config.hidden_states,

@@ -9,7 +9,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from orchestrator.errors import HetspecError
-from orchestrator.server.channels import read_file
+from orchestrator.profiles import Profile
+from orchestrator.server.channels import read_file, token_from_env
 from orchestrator.server.interceptors import HEALTH_SERVICE, ErrorInterceptor, TokenInterceptor
 
 
@@ -39,6 +40,19 @@ class Served:
     def stop(self, grace: float = 5.0) -> None:
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait()
+
+
+def server_options(profile: Profile, host: str | None, port: int | None, default_port: int) -> ServerOptions:
+    """The profile's `server` section as options; `host` / `port` (flags) win when given."""
+    s = profile.server
+    if port is not None and not 0 <= port <= 65535:
+        raise HetspecError(f"--port must be in 0..65535, got {port}")
+    tls = s.tls
+    return ServerOptions(host=host or s.host, port=default_port if port is None else port,
+                         max_message_bytes=profile.transport.max_message_bytes,
+                         max_workers=s.max_concurrent_requests + s.max_queued_requests + 16,  # + health, reflection
+                         tls_cert_file=tls.cert_file if tls else None, tls_key_file=tls.key_file if tls else None,
+                         tls_ca_file=tls.ca_file if tls else None, token=token_from_env(s.auth_token_env))
 
 
 def start_server(options: ServerOptions, register: Iterable[Callable[[grpc.Server], str]]) -> Served:

@@ -80,8 +80,7 @@ def test_pinned_staging_switches_page_locked_buffers(tmp_path):
 
 
 def test_max_message_bytes_bounds_every_grpc_message(tmp_path):
-    from orchestrator.cli.serve import server_options
-    from orchestrator.server import DrafterServicer, start_server
+    from orchestrator.server import DrafterServicer, server_options, start_server
 
     profile = _profile(tmp_path, {"max_message_bytes": 4096})
     options = server_options(profile, None, 0, 0)
