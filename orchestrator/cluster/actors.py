@@ -85,7 +85,9 @@ class TargetReplica:
         st = self.loop.status()
         d = self.engine.drafter
         drafter = {"drafter_state": d.state, "drafter_address": d.address, "drafter_reconnects": d.num_reconnects,
-                   "drafter_failures": d.num_failures} if d is not None else {"drafter_state": "none"}
+                   "drafter_failures": d.num_failures, "drafter_batches": d.num_batches,
+                   "drafter_round_trip_s": d.round_trip_s, "drafter_compute_s": d.compute_s,
+                   } if d is not None else {"drafter_state": "none"}
         return {"role": "target", "address": self.address, "running": st.num_running, "waiting": st.num_waiting,
                 "steps": st.num_steps, **drafter, **_where()}
 

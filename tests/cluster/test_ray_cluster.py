@@ -14,9 +14,9 @@ import yaml
 
 ray = pytest.importorskip("ray", reason="the [ray] extra is not installed")
 
-from local_ray import LocalRay  # noqa: E402
 
 from orchestrator.cluster import Cluster  # noqa: E402
+from orchestrator.cluster.local import LocalRay  # noqa: E402
 from orchestrator.profiles import parse_profile  # noqa: E402
 from orchestrator.server import GenerationClient  # noqa: E402
 

@@ -1,8 +1,15 @@
-"""A Ray cluster of several nodes on this host, from the real `ray start`: each node its own raylet
-process, so a test can kill one (SIGKILL to its raylet and everything under it) and add another."""
+"""A Ray cluster of several nodes on one host, from the real `ray start`: each node its own raylet
+process, so a fault drill (a test, a bench) can kill one (SIGKILL to its raylet and everything
+under it) and add another. Linux only (it reads /proc). Custom resources stand in for devices:
+
+    local = LocalRay(); local.start_head(num_gpus=1); npu = local.add_node(resources={"NPU": 2})
+    ...                                 # profile cluster.address: local.address
+    local.kill_node(npu); local.stop()
+"""
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -56,6 +63,8 @@ def _kill_trees(roots: list[int]) -> None:
 
 
 class LocalRay:
+    """Nodes started by `ray start` with their own temp dir; `stop()` ends exactly these."""
+
     def __init__(self):
         self.temp_dir = tempfile.mkdtemp(prefix="hsray-", dir="/tmp")  # short: Ray's socket paths must fit
         self.port = free_port()
@@ -92,8 +101,11 @@ class LocalRay:
         return len(raylets)
 
     def stop(self) -> None:
-        """Every process of this cluster (their command lines name its temp dir), and what runs under them."""
-        roots = [pid for pid, (_, cmd) in _processes().items() if self.temp_dir in cmd and pid != os.getpid()]
+        """Every process of this cluster (their command lines name its temp dir or its head), and what
+        runs under them."""
+        gcs = re.compile(rf"--(?:gcs-)?address=\S+:{self.port}\b")  # the client server names only the head
+        roots = [pid for pid, (_, cmd) in _processes().items()
+                 if (self.temp_dir in cmd or gcs.search(cmd)) and pid != os.getpid()]
         _kill_trees(roots)
         time.sleep(0.5)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
