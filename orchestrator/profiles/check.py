@@ -26,7 +26,8 @@ def check_profile(profile) -> dict:
                             "verification": profile.speculation.verification.describe(),
                             "lossy": profile.speculation.verification.lossy,
                             "overlap": profile.speculation.overlap},
-            "memory": [asdict(i) for i in items], "devices": devices}
+            "memory": [asdict(i) for i in items], "devices": devices,
+            "cluster": profile.cluster.model_dump() if profile.cluster else None}
 
 
 def _target(plan: Plan) -> dict:
@@ -100,6 +101,12 @@ def format_check(report: dict) -> str:
     k_text = f"auto (cost model, up to {s['max_speculative_tokens']})" if k == "auto" else f"{k} ({s['k_policy']})"
     lines.append(f"  k={k_text}, "
                  f"verification {s['verification']}" + (", drafting overlapped with verification" if s["overlap"] else ""))
+    if (c := report.get("cluster")) is not None:
+        pools = ", ".join(f"{c[role]['replicas']} {role} on "
+                          + (", ".join(f"{k} {v:g}" for k, v in c[role]["resources"].items()) or "CPUs")
+                          for role in ("drafters", "targets"))
+        lines.append(f"  cluster  {c['engine']} at {c['address']} (namespace {c['namespace']}): {pools} "
+                     f"(`hetspec cluster up` places them; the plan below is this host's)")
     lines.append("  memory (estimated):")
     lines += [f"    {m['device']:<8} {m['what']:<32} {_gib(m['nbytes']):>10}  {m['note']}".rstrip()
               for m in report["memory"]]

@@ -27,6 +27,14 @@ class PoolSpec(Section):
     resources: dict[ResourceName, Annotated[float, Field(gt=0)]] = {}
 
 
+class DrafterPoolSpec(PoolSpec):
+    resources: dict[ResourceName, Annotated[float, Field(gt=0)]] = {"NPU": 1}
+
+
+class TargetPoolSpec(PoolSpec):
+    resources: dict[ResourceName, Annotated[float, Field(gt=0)]] = {"GPU": 1}
+
+
 class ClusterSpec(Section):
     engine: Literal["ray"]
     address: Annotated[str, Field(min_length=1)] = "auto"  # ray.init's: auto, or ray://host:port
@@ -34,8 +42,8 @@ class ClusterSpec(Section):
     # where the actors' gRPC servers listen: the node's cluster address (other nodes reach it) or
     # 127.0.0.1 (every node on one host)
     bind: Literal["node", "localhost"] = "node"
-    drafters: PoolSpec = PoolSpec(resources={"NPU": 1})
-    targets: PoolSpec = PoolSpec(resources={"GPU": 1})
+    drafters: DrafterPoolSpec = DrafterPoolSpec()  # resources default {NPU: 1}
+    targets: TargetPoolSpec = TargetPoolSpec()  # resources default {GPU: 1}
     # a drafter resource the cluster does not have at all (no NPU node): place drafters by CPUs alone
     cpu_fallback: bool = True
     drafter_timeout_s: Annotated[float, Field(gt=0)] = 5.0  # a silent drafter is dropped (target-only meanwhile)

@@ -34,6 +34,16 @@ def test_defaults_place_drafters_on_npus_and_targets_on_gpus():
     assert (c.address, c.namespace, c.bind) == ("auto", "hetspec", "node")
     assert (c.drafters.replicas, c.drafters.resources) == (1, {"NPU": 1})
     assert (c.targets.replicas, c.targets.resources) == (1, {"GPU": 1})
+    p, _ = profile({"engine": "ray", "drafters": {"replicas": 2}, "targets": {"num_cpus": 2}})
+    assert p.cluster.drafters.resources == {"NPU": 1} and p.cluster.targets.resources == {"GPU": 1}
+
+
+def test_profile_check_shows_the_cluster_section():
+    from orchestrator.profiles import check_profile, format_check
+
+    p, _ = profile({"engine": "ray", "drafters": {"replicas": 2}})
+    text = format_check(check_profile(p))
+    assert "cluster  ray at auto (namespace hetspec): 2 drafters on NPU 1, 1 targets on GPU 1" in text
 
 
 @pytest.mark.parametrize("cluster, match", [
