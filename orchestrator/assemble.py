@@ -113,7 +113,9 @@ def build_drafter_servicer(profile: Profile, name: str, progress: bool = True) -
     if profile.drafters[name].kind == "remote":
         raise HetspecError(f"drafter {name!r} is itself remote; serve a local one (onnx, torch, ngram, mtp)")
     speculation = profile.speculation.model_copy(update={"drafter": name, "drafters": []})
-    profile = profile.model_copy(update={"speculation": speculation})
+    # the target runs elsewhere (its GPU need not be here): only its checkpoint matters to the drafter
+    target = profile.target.model_copy(update={"device": "cpu", "dtype": "float32", "fallback": []})
+    profile = profile.model_copy(update={"speculation": speculation, "target": target})
     config = profile.engine_config()
     if not config.speculates:
         raise HetspecError(f"profile {profile.source}: speculation.num_speculative_tokens is 0: nothing to serve")

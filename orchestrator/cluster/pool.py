@@ -7,7 +7,6 @@ fewest open sessions and sequences. Ties are broken by the replica's index, so r
 together spread over the pool.
 """
 
-import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -16,8 +15,6 @@ import ray
 from orchestrator.config import RemoteDrafterConfig
 from orchestrator.drafters import DrafterContext
 from orchestrator.server import RemoteDrafter, build_remote_drafter
-
-log = logging.getLogger(__name__)
 
 DRAFTER_PREFIX = "drafter-"
 TARGET_PREFIX = "target-"

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 pytest.importorskip("ray", reason="the [ray] extra is not installed")
@@ -101,3 +102,17 @@ def test_the_cli_says_when_a_profile_has_no_cluster_section():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert "has no cluster section" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_drafter_worker_places_only_its_drafter(smollm2):
+    """A drafter node need not have the target's device: the NPU node of a GPU target."""
+    from orchestrator.assemble import build_drafter_servicer
+
+    text = yaml.safe_dump({"version": 1, "target": {"device": "cuda:0", "dtype": "float16"},
+                           "drafters": {"d": {"kind": "ngram"}}, "speculation": {"drafter": "d"}})
+    p = parse_profile(text, "gpu-target.yaml")
+    if not torch.cuda.is_available():
+        with pytest.raises(ProfileError, match="cuda:0"):
+            p.engine_config()  # the whole profile cannot run on this CPU-only host
+    servicer, config = build_drafter_servicer(p, "d", progress=False)
+    assert config.drafter_kind == "ngram" and servicer.drafter.name == "ngram"
