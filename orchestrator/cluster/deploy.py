@@ -2,6 +2,7 @@
 
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -77,6 +78,10 @@ class Cluster:
     def connect(self) -> None:
         if self._connected:
             return
+        unreachable = _unreachable(self.spec.address)
+        if unreachable:  # Ray itself would retry for minutes
+            raise HetspecError(f"cluster.address: cannot reach a Ray cluster at {self.spec.address!r} "
+                               f"({unreachable}); start one with `ray start --head`")
         try:
             ray.init(address=self.spec.address, namespace=self.spec.namespace, logging_level=logging.WARNING,
                      log_to_driver=False, configure_logging=False)
@@ -169,6 +174,19 @@ class Cluster:
         names += [self.profile.server.auth_token_env] if self.profile.server.auth_token_env else []
         names += [d.token_env for d in self.profile.drafters.values() if getattr(d, "token_env", None)]
         return {n: os.environ[n] for n in names if n in os.environ}
+
+
+def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
+    """Why nothing listens at a `host:port` or `ray://host:port` address (None: something does, or
+    the address is `auto` and Ray finds the cluster itself)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        return e.strerror or str(e) or type(e).__name__
+    return None
 
 
 def _cause(e: Exception) -> str:

@@ -3,6 +3,7 @@ Ray, and the errors a user gets before anything starts."""
 
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -116,3 +117,13 @@ def test_a_drafter_worker_places_only_its_drafter(smollm2):
             p.engine_config()  # the whole profile cannot run on this CPU-only host
     servicer, config = build_drafter_servicer(p, "d", progress=False)
     assert config.drafter_kind == "ngram" and servicer.drafter.name == "ngram"
+
+
+def test_an_unreachable_cluster_is_one_line_at_once():
+    from servers import free_port
+
+    p, text = profile({"engine": "ray", "address": f"127.0.0.1:{free_port()}"})
+    t0 = time.monotonic()
+    with pytest.raises(HetspecError, match="cluster.address: cannot reach a Ray cluster at '127.0.0.1:"):
+        Cluster(p, text).status()
+    assert time.monotonic() - t0 < 10  # not Ray's minutes of retries
