@@ -5,10 +5,12 @@
     mean accepted length, drafter/target cost ratio c
 (c) hetspec n-gram drafter vs HF `prompt_lookup_num_tokens` on a grounded rewrite prompt
 
-    python bench/bench_core.py [--dtype float32|bfloat16] [--tokens 128] [--prompts 5] [--k 4]
-        [--drafters int4,int4-lmh8,int8]
+    python bench/bench_core.py [--dtype float32|bfloat16|float16] [--tokens 128] [--prompts 5] [--k 4]
+        [--drafters int4,int4-lmh8,int8] [--device cpu|cuda:0]
 
-Run it on an otherwise idle machine; results also go to bench/figures/core-DTYPE.json.
+`--device` places the target (and HF's model); the ONNX drafters stay on the CPU provider: on a GPU
+host that is the heterogeneous pair (GPU target, CPU drafter). Run it on an otherwise idle machine;
+results also go to bench/figures/core-DTYPE.json (core-DTYPE-cuda.json for a CUDA target).
 """
 
 import argparse
@@ -47,6 +49,7 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--adaptive", default="int4-lmh8", help="drafters also run with adaptive k")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--device", default="cpu", help="the target's device (the ONNX drafters run on the CPU)")
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -56,16 +59,16 @@ def main():
     tok = load_tokenizer(ckpt)
     prompts = [encode_prompt(tok, p, chat=True) for p in PROMPTS[:args.prompts]]
     dtype = getattr(torch, args.dtype)
-    target = TargetRunner(ckpt, max_kv_tokens=8192, dtype=dtype)
+    target = TargetRunner(ckpt, max_kv_tokens=8192, dtype=dtype, device=args.device)
     eos = eos_token_ids(ckpt, tok)
     plain = Engine(target, tok, None, eos_token_ids=eos)
-    report = {"environment": machine_line(), "model": str(ckpt.source.name), "dtype": args.dtype,
+    report = {"environment": machine_line(), "model": str(ckpt.source.name), "dtype": args.dtype, "device": args.device,
               "tokens": args.tokens, "prompts": len(prompts)}
     print(f"model {ckpt.source.name}, {len(prompts)} prompts x {args.tokens} tokens, greedy, {args.dtype}, "
-          f"{torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads, target on {args.device}")
     base_side = hetspec_side(plain, args.tokens)
     hetspec_side(plain, 8)(prompts[0])  # warm-up
-    hf = AutoModelForCausalLM.from_pretrained(ckpt.hf_dir, dtype=dtype).eval()
+    hf = AutoModelForCausalLM.from_pretrained(ckpt.hf_dir, dtype=dtype).to(args.device).eval()
     if not args.skip_hf:
         (base_tps, base_out, _), (hf_tps, hf_out, _) = alternate(
             [base_side, hf_side(hf, args.tokens)], prompts)
@@ -117,7 +120,8 @@ def main():
         line("(c) n-gram vs HF prompt_lookup (grounded)", "hetspec", ng_tps, "HF", hfpl_tps)
         print(f"    identical outputs: {same}")
         report["c"].update(hetspec_ngram_tps=ng_tps, hf_prompt_lookup_tps=hfpl_tps, ratio=ng_tps / hfpl_tps)
-    write_report(f"core-{args.dtype}", report)
+    device_kind = args.device.split(":")[0]
+    write_report(f"core-{args.dtype}" + ("" if device_kind == "cpu" else f"-{device_kind}"), report)
 
 if __name__ == "__main__":
     main()

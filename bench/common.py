@@ -37,7 +37,7 @@ def hf_side(model, tokens: int, **kw):
     """One prompt through HF `generate` (greedy, exactly `tokens` new tokens) -> (ids, None)."""
     def run(ids):
         with torch.inference_mode():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=tokens, min_new_tokens=tokens,
+            out = model.generate(torch.tensor([ids], device=model.device), max_new_tokens=tokens, min_new_tokens=tokens,
                                  do_sample=False, **kw)
         return out[0, len(ids):].tolist(), None
     return run
@@ -98,6 +98,8 @@ def machine_line() -> dict:
     print(f"machine: {c['model']}, {c['cores']} cores, flags {' '.join(c['flags'])}; torch {env['torch']} "
           f"({env['torch_threads']} threads), onnxruntime {env['onnxruntime']}; commit {env['git_commit']}",
           flush=True)
+    if env.get("gpu"):
+        print(f"gpu: {env['gpu']}", flush=True)
     return env
 
 

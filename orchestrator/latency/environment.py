@@ -41,18 +41,20 @@ def environment() -> dict:
         "torch_threads": torch.get_num_threads(),
         "onnxruntime": onnxruntime.__version__,
         "cuda": torch.cuda.is_available(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "git_commit": git_commit(),
     }
 
 
 def git_commit() -> str | None:
-    """The checkout's commit, with `+dirty` when the working tree differs from it."""
+    """The checkout's commit, with `+dirty` when the working tree differs from it; for a copied tree
+    that is no git checkout (a device machine's copy), what HETSPEC_GIT_COMMIT says."""
     try:
         here = os.path.dirname(__file__)
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
                              cwd=here).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                                text=True, timeout=5, cwd=here).stdout.strip()
-        return (out + ("+dirty" if dirty else "")) or None
+        return (out + ("+dirty" if dirty else "")) or os.environ.get("HETSPEC_GIT_COMMIT")
     except (OSError, subprocess.SubprocessError):
-        return None
+        return os.environ.get("HETSPEC_GIT_COMMIT")
