@@ -122,6 +122,8 @@ def verify_request(
     num_draft = torch.tensor([n], dtype=torch.long)
     if temperature == 0.0 and (not policy.lossy or allowance <= 0 or n == 0):
         return greedy_verify(draft_ids, num_draft, target_logits), 0, 0.0
+    if target_logits.device != draft_ids.device:  # a device target: judge on the host (the request's
+        target_logits = target_logits.float().to(draft_ids.device)  # generator and q live there)
     if policy.lossy:
         target_ids = target_logits.argmax(dim=-1)  # [1, k + 1]
         num_accepted = lossy_accepted(policy, draft_ids, num_draft, target_logits, draft_probs,

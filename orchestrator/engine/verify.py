@@ -34,11 +34,12 @@ def greedy_verify(
     num_draft: torch.Tensor,  # [num_seqs] int64, 0..k
     target_logits: torch.Tensor,  # [num_seqs, k + 1, vocab]
 ) -> VerifyResult:
-    """Accept drafts while they equal the target argmax; lossless w.r.t. target-only greedy."""
+    """Accept drafts while they equal the target argmax; lossless w.r.t. target-only greedy. The argmax
+    is taken where the logits are (a GPU's) and only the ids come to the drafts' device."""
     k = _check_drafts(draft_ids, num_draft)
     _check_scores("target_logits", target_logits, draft_ids.shape[0], k + 1)
     _check_draft_values(draft_ids, num_draft, target_logits.shape[-1])
-    return match_verify(draft_ids, num_draft, target_logits.argmax(dim=-1))
+    return match_verify(draft_ids, num_draft, target_logits.argmax(dim=-1).to(draft_ids.device))
 
 
 def match_verify(

@@ -48,13 +48,15 @@ def environment() -> dict:
 
 def git_commit() -> str | None:
     """The checkout's commit, with `+dirty` when the working tree differs from it; for a copied tree
-    that is no git checkout (a device machine's copy), what HETSPEC_GIT_COMMIT says."""
+    that is no git checkout of it (a device machine's copy), what HETSPEC_GIT_COMMIT says."""
+    if os.environ.get("HETSPEC_GIT_COMMIT"):
+        return os.environ["HETSPEC_GIT_COMMIT"]
     try:
         here = os.path.dirname(__file__)
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
                              cwd=here).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                                text=True, timeout=5, cwd=here).stdout.strip()
-        return (out + ("+dirty" if dirty else "")) or os.environ.get("HETSPEC_GIT_COMMIT")
+        return (out + ("+dirty" if dirty else "")) or None
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("HETSPEC_GIT_COMMIT")
+        return None
