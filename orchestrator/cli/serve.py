@@ -11,7 +11,6 @@ from orchestrator.cli.common import ready, wait_for_signal
 from orchestrator.errors import HetspecError
 from orchestrator.profiles import load_profile
 from orchestrator.server import EngineLoop, EngineMetrics, GenerationServicer, server_options, start_server
-from orchestrator.server.openai_http import build_app, start_http
 from orchestrator.tracing import Tracer
 
 
@@ -58,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
     if metrics_port is not None:
         serve_metrics(metrics, options.host, metrics_port)
     http = None
-    if http_port is not None:
+    if http_port is not None:  # the HTTP stack (FastAPI, uvicorn) is imported only when asked for
+        from orchestrator.server.openai_http import build_app, start_http
+
         app = build_app(loop, engine.tokenizer, served_model, s.max_new_tokens, token=options.token,
                         registry=metrics.registry, max_body_bytes=options.max_message_bytes)
         http = start_http(app, options.host, http_port)

@@ -135,3 +135,12 @@ def test_bad_acceptance_flags_exit_2_like_any_bad_flag(args):
     r = hetspec("generate", "hi", *args)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1, r.stderr
+
+
+def test_the_cli_imports_the_http_stack_only_for_serve_http():
+    """`hetspec generate` and `profile check` start without FastAPI/uvicorn (a GPU host whose FastAPI
+    lacked a dependency could not even check a profile)."""
+    code = "import sys, orchestrator.cli; print(sorted(m for m in ('fastapi', 'uvicorn') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
