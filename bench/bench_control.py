@@ -99,6 +99,8 @@ def main():
                     "auto_k_steps": {str(k): n for k, n in sorted(ks["auto"].items())},
                     "identical_greedy": all(outputs[n] == outputs["target-only"] for n in configs)}
             report["cells"].append(cell)
+            report["complete"] = False  # each cell is written as it ends: a run cut short keeps what it measured
+            write_report(f"control-{args.profile}", report, quiet=True)
             spread = " ".join(f"{n} {med[n]:.1f} ({min(results[n]):.1f}-{max(results[n]):.1f})" for n in configs)
             print(f"{wl:<8} x{conc:<2} tok/s: {spread} | auto/target-only {cell['auto_vs_target_only']:.2f} "
                   f"{_show(vs_target)} auto/{best_fixed} {cell['auto_vs_best_fixed']:.2f} {_show(vs_best)} "
@@ -110,6 +112,7 @@ def main():
         "auto_ge_0.95_best_fixed_everywhere": all(c["auto_vs_best_fixed"] >= 0.95 for c in cells),
         "auto_beats_best_fixed_by_5pct_in_2_cells": sum(c["auto_vs_best_fixed"] >= 1.05 for c in cells) >= 2,
     }
+    report["complete"] = True
     print("goals:", report["goals"], flush=True)
     write_report(f"control-{args.profile}", report)
 

@@ -103,10 +103,11 @@ def machine_line() -> dict:
     return env
 
 
-def write_report(name: str, report: dict) -> Path:
+def write_report(name: str, report: dict, quiet: bool = False) -> Path:
     """bench/figures/NAME.json: the figures the README quotes, with their machine and commit."""
     FIGURES.mkdir(exist_ok=True)
     path = FIGURES / f"{name}.json"
     path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {path}", flush=True)
+    if not quiet:
+        print(f"wrote {path}", flush=True)
     return path
