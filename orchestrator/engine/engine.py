@@ -2,6 +2,7 @@
 
 import itertools
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -251,11 +252,10 @@ class Engine:
             outputs = self.target.forward(batch, return_hidden=self.hidden_feed is not None)
         if self.hidden_feed is not None:
             self.hidden_feed.capture([seq.seq_id for seq in seqs], starts, outputs)
-        if self.target.device.type == "cpu":
+        # on a device target, verification reads its scores on the host (argmax ids; distributions if sampled)
+        on_host = self.target.device.type == "cpu"
+        with nullcontext() if on_host else self.tracer.span("d2h", self._target_track, self.num_steps):
             results = [self._accept(seq, drafts[seq.seq_id], out.logits) for seq, out in zip(seqs, outputs)]
-        else:  # verification reads the device's scores on the host (argmax ids; distributions if sampled)
-            with self.tracer.span("d2h", self._target_track, self.num_steps):
-                results = [self._accept(seq, drafts[seq.seq_id], out.logits) for seq, out in zip(seqs, outputs)]
         elapsed = time.perf_counter() - t0
         if self.overlap is not None and phase == "verify":
             self.overlap.gate.record_forward(num_tokens, elapsed, self.overlap.running)
