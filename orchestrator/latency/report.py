@@ -104,6 +104,23 @@ def _verification(run: dict) -> list[str]:
     return [*lines, ""]
 
 
+def _by_draft(run: dict) -> list[str]:
+    """The cost model's prediction against each step, grouped by the tokens the step drafted."""
+    rows = []
+    for side in run["sides"]:
+        pred = (side["summary"].get("speculation") or {}).get("prediction") or {}
+        for drafted, g in (pred.get("by_draft") or {}).items():
+            rows.append([side["name"], drafted, str(g["num_steps"]), _f(g["expected_tokens"]), _f(g["tokens"]),
+                         _f(g["expected_ms"], 1), _f(g["ms"], 1), _f(g["draft_ms"], 1), _f(g["verify_ms"], 1)])
+    if not rows:
+        return []
+    return ["## The cost model's prediction by draft length", "",
+            "Steps grouped by the tokens they drafted: what the model expected before each step against what "
+            "it realised (ms: all the step's spans; draft and verify: those spans alone).", "",
+            *_table(["side", "drafted", "steps", "predicted tok/step", "realised tok/step", "predicted ms/step",
+                     "realised ms/step", "draft ms/step", "verify ms/step"], rows), ""]
+
+
 def render_report(run: dict) -> str:
     env, wl = run["environment"], run["workload"]
     lines = [f"# Profiling run: profile `{run['profile']['name']}`, workload `{wl['name']}`", "",
@@ -111,7 +128,7 @@ def render_report(run: dict) -> str:
              f"{run['created']}; torch {env['torch']} ({env['torch_threads']} threads), onnxruntime "
              f"{env['onnxruntime']}, {env['cpu_count']} CPUs, commit {env['git_commit']}. Schema `{run['schema']}`.",
              "", *_headline(run), "", *_verification(run), "## Throughput and latency", "", *_throughput(run), "",
-             "## Acceptance and the bound", "", *_acceptance(run), ""]
+             "## Acceptance and the bound", "", *_acceptance(run), "", *_by_draft(run)]
     for side in run["sides"]:
         lines += [f"## Phases: {side['name']}", "", *_phases(side), ""]
     lines += ["## Plots", "", "![latency](latency.png)", "![acceptance](acceptance.png)", "![speedup](speedup.png)", ""]

@@ -110,20 +110,37 @@ def side_summary(side: dict) -> dict:
 
 def predictions(requests: list[dict]) -> dict:
     """The k policy's cost model, before each step (the verify span's `expected_*`), against what the
-    step realised (tokens its commit spans committed, the time all its spans took)."""
-    steps: dict[tuple, dict] = defaultdict(lambda: {"tokens": 0, "ms": 0.0})
+    step realised (tokens its commit spans committed, the time all its spans took); `by_draft` splits the
+    steps by how many tokens they drafted, with the drafter's and the target's share of the time, so a
+    draft length whose steps cost more than the model expects shows itself."""
+    steps: dict[tuple, dict] = defaultdict(lambda: {"tokens": 0, "ms": 0.0, "draft_ms": 0.0, "verify_ms": 0.0,
+                                                    "drafted": 0})
     for r in requests:
         for s in r["spans"]:
             step = steps[(r["prompt_index"], s.get("step"))]
             step["ms"] += s["dur_ms"]
             args = s.get("args", {})
+            if s["name"] in ("draft", "verify"):
+                step[f"{s['name']}_ms"] += s["dur_ms"]
             if s["name"] == "verify" and "expected_tokens" in args:
                 step["expected_tokens"], step["expected_ms"] = args["expected_tokens"], args["expected_ms"]
             if s["name"] == "commit" and "num_draft" in args:
                 step["tokens"] += args["num_accepted"] + 1
+                step["drafted"] += args["num_draft"]
     measured = [st for st in steps.values() if "expected_tokens" in st]
     if not measured:
         return {}
+    by_draft = {}
+    for drafted in sorted({st["drafted"] for st in measured}):
+        group = [st for st in measured if st["drafted"] == drafted]
+        by_draft[str(drafted)] = {"num_steps": len(group),
+                                  **{key: sum(st[key] for st in group) / len(group)
+                                     for key in ("expected_tokens", "tokens", "expected_ms", "ms", "draft_ms",
+                                                 "verify_ms")}}
+    return {**_prediction_totals(measured), "by_draft": by_draft}
+
+
+def _prediction_totals(measured: list[dict]) -> dict:
     n = len(measured)
     got_tokens, got_ms = sum(st["tokens"] for st in measured), sum(st["ms"] for st in measured)
     want_tokens, want_ms = sum(st["expected_tokens"] for st in measured), sum(st["expected_ms"] for st in measured)

@@ -72,13 +72,22 @@ def test_run_json_schema_and_summary(run):
     p = s["prediction"]
     assert p["num_steps"] >= 4 and 0.2 < p["rate_ratio"] < 5.0
     assert p["predicted_ms_per_step"] > 0 and p["realised_tokens_per_step"] >= 1.0
+    # split by draft length, the groups add back up to the totals; a step with n drafts commits 1..n+1
+    groups = p["by_draft"]
+    assert sum(g["num_steps"] for g in groups.values()) == p["num_steps"]
+    total_ms = sum(g["ms"] * g["num_steps"] for g in groups.values())
+    assert total_ms == pytest.approx(p["realised_ms_per_step"] * p["num_steps"])
+    for drafted, g in groups.items():
+        assert 1.0 <= g["tokens"] <= int(drafted) + 1
+        assert 0.0 < g["verify_ms"] and g["draft_ms"] + g["verify_ms"] <= g["ms"] + 1e-9
+        assert g["draft_ms"] > 0 or drafted == "0"  # a step that drafted ran the drafter
 
 
 def test_report_has_the_figures_and_names_absent_phases(run_dir, run):
     report = (run_dir / "report.md").read_text()
     for needle in ("p50 ms/step", "p99 ms/step", "acceptance by position", "mean accepted length", "TTFT",
                    "TPOT", "Leviathan bound", "efficiency", "Not present in this run", "d2h",
-                   "realised ÷ predicted", "cost model", "Acceptance policy: rejection (lossless"):
+                   "realised ÷ predicted", "cost model", "prediction by draft length", "Acceptance policy: rejection (lossless"):
         assert needle in report, needle
     assert f"{run['summary']['efficiency']:.2f}" in report
 
