@@ -101,6 +101,7 @@ class OnnxDrafterConfig:
     providers: tuple[str, ...] = ()  # explicit provider list (`--drafter-ep`); () = the device's own
     provider_options: dict = field(default_factory=dict)  # extra options for the device's provider
     kv_handoff: bool = False  # start from the target's prefill K/V instead of a drafter prefill
+    threads: int | None = None  # ONNX Runtime's intra-op threads; None = its default (one per core)
 
 
 @dataclass(frozen=True)

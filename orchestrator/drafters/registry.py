@@ -65,7 +65,8 @@ def build_onnx(config: OnnxDrafterConfig, ctx: DrafterContext) -> Drafter:
     ckpt = drafter_checkpoint(config.model, ctx)
     options = ExportOptions.for_drafter(config.precision, config.block_size, config.int8_lm_head)
     drafter = OnnxDrafter(export_drafter(ckpt, options, progress=ctx.progress), device=config.device,
-                          providers=list(config.providers) or None, provider_options=config.provider_options)
+                          providers=list(config.providers) or None, provider_options=config.provider_options,
+                          num_threads=config.threads)
     if not config.kv_handoff or ctx.target is None:  # a drafter server takes K/V per session instead
         return drafter
     if config.model is not None:

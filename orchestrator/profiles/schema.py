@@ -94,6 +94,7 @@ class OnnxDrafterSpec(_DrafterBase):
     int8_lm_head: bool = True
     kv_handoff: bool = False  # take the target's prefill K/V instead of a drafter prefill (self-drafters)
     provider_options: dict[str, Scalar] = {}  # passed to the provider as strings
+    threads: Annotated[int, Field(ge=1, le=256)] | None = None  # ONNX Runtime intra-op threads (default: one per core)
 
     def describe(self) -> str:
         return f"onnx {self.precision} on {self.device} ({ort_placement(self.device).provider.name})"
@@ -104,7 +105,8 @@ class OnnxDrafterSpec(_DrafterBase):
     def drafter_config(self) -> OnnxDrafterConfig:
         return OnnxDrafterConfig(model=self.model, device=self.device, precision=self.precision,
                                  block_size=self.block_size, int8_lm_head=self.int8_lm_head,
-                                 kv_handoff=self.kv_handoff, provider_options=dict(self.provider_options))
+                                 kv_handoff=self.kv_handoff, provider_options=dict(self.provider_options),
+                                 threads=self.threads)
 
 
 class TorchDrafterSpec(_DrafterBase):

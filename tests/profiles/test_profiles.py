@@ -108,6 +108,8 @@ BAD = [  # (profile text or dict, what the one-line message must contain)
     (base(drafters={"d": {"kind": "onnx", "device": "gpu"}}), "drafters.d.device: unknown device 'gpu'"),
     (base(drafters={"d": {"kind": "onnx", "provider_options": {"x": [1]}}}),
      "drafters.d.provider_options.x: expected a string, number or boolean, got list"),
+    (base(drafters={"d": {"kind": "onnx", "threads": 0}}), "drafters.d.threads: Input should be greater than or equal to 1"),
+    (base(drafters={"d": {"kind": "onnx", "threads": "all"}}), "drafters.d.threads:"),
     (base(drafters={"d": {"kind": "ngram", "max_ngram": -1}}), "drafters.d.max_ngram: Input should be greater"),
     (base(drafters={"d": {"kind": "torch", "dtype": "int8"}}), "drafters.d.dtype:"),
     (base(drafters={"d": {"kind": "remote"}}), "drafters.d.address: missing required key"),
@@ -236,6 +238,20 @@ def test_onnx_drafter_device_picks_the_execution_provider_and_kv_memory(tmp_path
     assert ort_placement("cpu").memory == "cpu"
     config = load_profile("gpu-target-npu-drafter").drafters["npu-int4"].drafter_config()
     assert (config.device, config.providers, config.provider_options) == ("npu:0", (), {})
+
+
+def test_onnx_drafter_threads_reach_its_onnx_runtime_session(tmp_path, smollm2):
+    from orchestrator.assemble import build_drafter, drafter_context
+
+    drafters = {"d": {"kind": "onnx", "threads": 1}}  # the cpu profile's export (cached), one thread
+    config = load_profile(write(tmp_path, base(drafters=drafters, speculation={"drafter": "d"}))).engine_config()
+    assert config.drafter.threads == 1
+    drafter = build_drafter(config.drafter, drafter_context(config, smollm2))
+    try:
+        assert drafter.session.get_session_options().intra_op_num_threads == 1
+    finally:
+        drafter.close()
+    assert load_profile("cpu").engine_config().drafter.threads is None  # ONNX Runtime's default
 
 
 def _apply(profile: str = "cpu", **given):
