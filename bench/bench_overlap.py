@@ -8,13 +8,17 @@ pinned there: the "drafter device"; the target waits for it in the sequential lo
   pinned-remote   the drafter behind `hetspec drafter serve` pinned to core 1 (taskset): sequential vs
                   overlapped; the remote overhead per step left on the critical path is reported
   shared          no pinning, default threads on both cores: sequential vs overlapped
+  device          with `--device cuda:0`: the target on that device (`--dtype`), the drafter on the CPU
+                  (`--drafter-threads`): two real devices; target-only, sequential, overlapped
 
 Greedy, fixed k, every side checked token for token against target-only. Prompts alternate which
 side goes first. Also draws one overlapped request's spans (bench/figures/overlap-spans.png).
 
     python bench/bench_overlap.py [--prompts 10] [--tokens 128] [--k 3] [--parts pinned,pinned-remote,shared]
+    python bench/bench_overlap.py --parts device --device cuda:0 --dtype float16 [--drafter-threads 4]
 
-Results: bench/figures/overlap-cpu.json. Run it on an otherwise idle machine.
+Results: bench/figures/overlap-cpu.json (overlap-cuda.json with a device part). Run it on an otherwise
+idle machine.
 """
 
 import argparse
@@ -164,6 +168,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--parts", default="pinned,pinned-remote,shared")
+    ap.add_argument("--device", default="cpu", help="the target's device in the device part")
+    ap.add_argument("--dtype", default="float16", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--drafter-threads", type=int, default=None, help="ONNX Runtime threads (device part)")
     args = ap.parse_args()
     parts = args.parts.split(",")
     env = machine_line()
@@ -216,9 +223,21 @@ def main():
         drafter = OnnxDrafter(export)
         sides = engines(target, tokenizer, ckpt, drafter, args.k)
         report["parts"]["shared"] = run_part("shared", sides, prompts_ids, args.tokens, reference)
+    if "device" in parts:
+        if args.device == "cpu":
+            raise SystemExit("the device part needs --device (e.g. cuda:0)")
+        target = TargetRunner(ckpt, block_size=16, max_kv_tokens=8192, dtype=getattr(torch, args.dtype),
+                              device=args.device)
+        drafter = OnnxDrafter(export, num_threads=args.drafter_threads)
+        eos = eos_token_ids(ckpt, tokenizer)
+        sides = {"target-only": Engine(target, tokenizer, None, eos_token_ids=eos),
+                 **engines(target, tokenizer, ckpt, drafter, args.k)}
+        report.update(device=args.device, dtype=args.dtype, drafter_threads=args.drafter_threads)
+        report["parts"]["device"] = run_part("device", sides, prompts_ids, args.tokens, None)
     for part in report["parts"].values():
         part.pop("reference")
-    write_report("overlap-cpu", report)
+    device_kind = args.device.split(":")[0] if "device" in parts else "cpu"
+    write_report(f"overlap-{device_kind}", report)
 
 
 if __name__ == "__main__":
