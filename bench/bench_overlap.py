@@ -10,6 +10,8 @@ pinned there: the "drafter device"; the target waits for it in the sequential lo
   shared          no pinning, default threads on both cores: sequential vs overlapped
   device          with `--device cuda:0`: the target on that device (`--dtype`), the drafter on the CPU
                   (`--drafter-threads`): two real devices; target-only, sequential, overlapped
+  device-remote   the same target, the drafter behind `hetspec drafter serve` (its own process: no GIL
+                  shared with the target's launches): sequential vs overlapped
 
 Greedy, fixed k, every side checked token for token against target-only. Prompts alternate which
 side goes first. Also draws one overlapped request's spans (bench/figures/overlap-spans.png).
@@ -135,6 +137,25 @@ def run_part(name: str, sides: dict, prompts_ids: list, tokens: int, reference: 
     return out
 
 
+def remote_part(name: str, target, tokenizer, ckpt, args, prompts_ids: list, reference: list | None,
+                core: int | None) -> dict:
+    """Sequential vs overlapped with the drafter behind `hetspec drafter serve` (pinned to `core` if
+    given); the wire time per round trip beside the figures."""
+    proc, port = drafter_server(core)
+    try:
+        remote = RemoteDrafter(f"127.0.0.1:{port}", vocab_size=target.vocab_size, timeout_s=30)
+        sides = engines(target, tokenizer, ckpt, remote, args.k)
+        rounds0 = (remote.round_trip_s, remote.compute_s, remote.num_batches)
+        result = run_part(name, sides, prompts_ids, args.tokens, reference)
+        rt, comp, n = (a - b for a, b in zip((remote.round_trip_s, remote.compute_s, remote.num_batches), rounds0))
+        result["wire_ms_per_round_trip"] = round(1e3 * (rt - comp) / max(1, n), 3)
+        remote.close()
+        return result
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
 def spans_picture(tracer: Tracer, path: Path, seconds: float = 1.5) -> Path:
     """The target's and the drafter's spans of one overlapped request, side by side in time."""
     import matplotlib
@@ -201,20 +222,8 @@ def main():
             tracer.flush()
             print(f"wrote {spans_picture(tracer, FIGURES / 'overlap-spans.png')}", flush=True)
         if "pinned-remote" in parts:
-            proc, port = drafter_server(DRAFTER_CORE)
-            try:
-                remote = RemoteDrafter(f"127.0.0.1:{port}", vocab_size=target.vocab_size, timeout_s=30)
-                sides = engines(target, tokenizer, ckpt, remote, args.k)
-                rounds0 = (remote.round_trip_s, remote.compute_s, remote.num_batches)
-                result = run_part("pinned-remote", sides, prompts_ids, args.tokens, reference)
-                rt, comp, n = (a - b for a, b in zip((remote.round_trip_s, remote.compute_s, remote.num_batches),
-                                                     rounds0))
-                result["wire_ms_per_round_trip"] = round(1e3 * (rt - comp) / max(1, n), 3)
-                report["parts"]["pinned-remote"] = result
-                remote.close()
-            finally:
-                proc.terminate()
-                proc.wait()
+            report["parts"]["pinned-remote"] = remote_part("pinned-remote", target, tokenizer, ckpt, args,
+                                                           prompts_ids, reference, DRAFTER_CORE)
         torch.set_num_threads(default_threads)
         os.sched_setaffinity(0, set(range(os.cpu_count())))
 
@@ -223,20 +232,25 @@ def main():
         drafter = OnnxDrafter(export)
         sides = engines(target, tokenizer, ckpt, drafter, args.k)
         report["parts"]["shared"] = run_part("shared", sides, prompts_ids, args.tokens, reference)
-    if "device" in parts:
+    if "device" in parts or "device-remote" in parts:
         if args.device == "cpu":
-            raise SystemExit("the device part needs --device (e.g. cuda:0)")
+            raise SystemExit("the device parts need --device (e.g. cuda:0)")
         target = TargetRunner(ckpt, block_size=16, max_kv_tokens=8192, dtype=getattr(torch, args.dtype),
                               device=args.device)
-        drafter = OnnxDrafter(export, num_threads=args.drafter_threads)
-        eos = eos_token_ids(ckpt, tokenizer)
-        sides = {"target-only": Engine(target, tokenizer, None, eos_token_ids=eos),
-                 **engines(target, tokenizer, ckpt, drafter, args.k)}
         report.update(device=args.device, dtype=args.dtype, drafter_threads=args.drafter_threads)
-        report["parts"]["device"] = run_part("device", sides, prompts_ids, args.tokens, None)
+        if "device" in parts:
+            drafter = OnnxDrafter(export, num_threads=args.drafter_threads)
+            eos = eos_token_ids(ckpt, tokenizer)
+            sides = {"target-only": Engine(target, tokenizer, None, eos_token_ids=eos),
+                     **engines(target, tokenizer, ckpt, drafter, args.k)}
+            report["parts"]["device"] = run_part("device", sides, prompts_ids, args.tokens, None)
+            reference = report["parts"]["device"]["reference"]
+        if "device-remote" in parts:
+            report["parts"]["device-remote"] = remote_part("device-remote", target, tokenizer, ckpt, args,
+                                                           prompts_ids, reference, None)
     for part in report["parts"].values():
         part.pop("reference")
-    device_kind = args.device.split(":")[0] if "device" in parts else "cpu"
+    device_kind = args.device.split(":")[0] if {"device", "device-remote"} & set(parts) else "cpu"
     write_report(f"overlap-{device_kind}", report)
 
 

@@ -12,7 +12,9 @@ PRIOR_VERIFY_SLOPE = 0.05  # unmeasured V(n) = V(1) * (1 + slope * (n - 1))
 
 
 class Recent:
-    """The median of the last few samples: one stalled forward (a busy host) does not move it."""
+    """The last few samples: their median (one stalled forward, a busy host, does not move it) or their
+    trimmed mean (an expected cost, where frequent large samples are part of the cost; the largest one,
+    once there are 4, is left out, so a lone stall does not decide)."""
     __slots__ = ("samples",)
 
     def __init__(self, size: int = 5):
@@ -24,6 +26,11 @@ class Recent:
     @property
     def value(self) -> float:
         return statistics.median(self.samples)
+
+    @property
+    def mean(self) -> float:
+        samples = sorted(self.samples)
+        return statistics.fmean(samples[:-1] if len(samples) >= 4 else samples)
 
 
 @dataclass

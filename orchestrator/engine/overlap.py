@@ -8,8 +8,8 @@ next drafts at no cost on the critical path (a hit); any other sequence drafts a
 
 Whether to draft ahead is decided every step (`OverlapGate`) from what it measures: how much slower
 the target's forward runs while the worker drafts (a drafter thread in the target's process takes
-turns with it on the GIL; on shared cores they take turns on the cores) against the fresh-draft
-time that hits save. Where drafting ahead does not pay, the engine drafts as without overlap, and
+turns with it on the GIL; on shared cores they take turns on the cores) and how long the engine then
+waits for the worker, against the fresh-draft time that hits save. Where drafting ahead does not pay, the engine drafts as without overlap, and
 every `PROBE_EVERY` steps tries the other choice to keep both measured.
 
 One worker thread: ONNX Runtime and torch release the GIL while they compute, so the drafter's
@@ -71,23 +71,31 @@ class OverlapGate:
 
         saved = hit rate * fresh-draft seconds per sequence * sequences drafted ahead
         cost  = (forward time with the worker running / without - 1) * predicted forward seconds
+                + seconds the engine waits for the worker after the forward
 
-    forward times are compared at equal sizes (tokens in the forward): per size the median of the
-    recent forwards each way, the slowdown the median over sizes seen both ways. (Not relative to the
-    engine's verify curve: that curve follows whichever way most recent steps ran, so the other way's
-    older ratios would drift against it.) Until some size has 3 forwards each way it alternates; after
-    32 steps without one it assumes no slowdown."""
+    forward times are compared at equal sizes (tokens in the forward): per size the mean of the recent
+    forwards each way (trimmed: `Recent.mean`), the slowdown the median over sizes seen both ways.
+    Means, not medians: the worker slows the forward now a little, now a lot (it holds the GIL between
+    its model calls), and the expected cost is the mean (measured on an H200 host: the median said 10%,
+    the forwards beside the worker took about 50% longer on average). (Not relative to the engine's verify curve: that curve follows whichever way most
+    recent steps ran, so the other way's older ratios would drift against it.) Until some size has 3
+    forwards each way it alternates; after 32 steps without one it assumes no slowdown. The wait counts
+    whether the pre-draft hits or not: a drafter slower than the forward leaves the engine waiting."""
 
     def __init__(self, probe_every: int = PROBE_EVERY):
         self.probe_every = probe_every
         # forward seconds per size (tokens in the forward), with / without the worker running
         self.times: dict[bool, dict[int, Recent]] = {True: {}, False: {}}
         self.fresh_s = Recent(9)  # seconds of a fresh draft, per sequence drafted
+        self.exposed_s = Recent(9)  # seconds waited for the worker after a forward it ran beside
         self.hit_rate = PRIOR_HIT_RATE
         self.steps = {True: 0, False: 0}  # steps drafted ahead / not (for stats)
 
     def record_forward(self, num_tokens: int, seconds: float, overlapped: bool) -> None:
-        self.times[overlapped].setdefault(num_tokens, Recent(5)).add(seconds)
+        self.times[overlapped].setdefault(num_tokens, Recent(9)).add(seconds)
+
+    def record_exposed(self, seconds: float) -> None:
+        self.exposed_s.add(seconds)
 
     def record_take(self, hit: bool) -> None:
         self.hit_rate = HIT_DECAY * self.hit_rate + (1 - HIT_DECAY) * hit
@@ -95,7 +103,7 @@ class OverlapGate:
     def slowdown(self) -> float | None:
         """Measured relative slowdown of the target's forward while the worker runs (None: not yet)."""
         on, off = self.times[True], self.times[False]
-        ratios = [on[n].value / off[n].value for n in on.keys() & off.keys()
+        ratios = [on[n].mean / off[n].mean for n in on.keys() & off.keys()
                   if len(on[n].samples) >= 3 and len(off[n].samples) >= 3]
         return statistics.median(ratios) - 1 if ratios else None
 
@@ -106,7 +114,8 @@ class OverlapGate:
         if slowdown is None or not self.fresh_s.samples:
             choice = self.steps[True] <= self.steps[False]  # measure both
         else:
-            choice = self.hit_rate * self.fresh_s.value * num_seqs > max(0.0, slowdown) * forward_s
+            waited = self.exposed_s.mean if self.exposed_s.samples else 0.0
+            choice = self.hit_rate * self.fresh_s.value * num_seqs > max(0.0, slowdown) * forward_s + waited
             if (sum(self.steps.values()) + 1) % self.probe_every == 0:
                 choice = not choice
         self.steps[choice] += 1
@@ -116,7 +125,8 @@ class OverlapGate:
         slowdown = self.slowdown()
         return {"steps_ahead": self.steps[True], "steps_not_ahead": self.steps[False],
                 "forward_slowdown": slowdown, "hit_rate_recent": self.hit_rate,
-                "fresh_draft_ms": self.fresh_s.value * 1e3 if self.fresh_s.samples else None}
+                "fresh_draft_ms": self.fresh_s.value * 1e3 if self.fresh_s.samples else None,
+                "waited_ms": self.exposed_s.mean * 1e3 if self.exposed_s.samples else None}
 
 
 class PreDrafter:
@@ -208,7 +218,9 @@ class PreDrafter:
         t0 = time.perf_counter()
         future, self._future = self._future, None
         proposals, elapsed = future.result()
-        self.stats.exposed_s += time.perf_counter() - t0
+        waited = time.perf_counter() - t0
+        self.stats.exposed_s += waited
+        self.gate.record_exposed(waited)
         self.stats.ahead_s += elapsed
         for seq_id, ahead in self._pending.items():
             ahead.proposal = proposals.get(seq_id)

@@ -76,8 +76,8 @@ def test_the_gate_drafts_ahead_only_where_the_hits_save_more_than_the_slowdown_c
     gate.fresh_s.add(0.03)
     gate.hit_rate = 0.3
     assert gate.slowdown() == pytest.approx(0.06)  # median of 12% (4 tokens) and 0% (9 tokens)
-    for _ in range(3):
-        gate.record_forward(9, 0.56, True)  # now 12% at 9 tokens too (the median of the last 5)
+    for _ in range(9):
+        gate.record_forward(9, 0.56, True)  # now 12% at 9 tokens too (the mean of the last 9)
     assert gate.slowdown() == pytest.approx(0.12)
     assert [gate.wanted(1, 0.1), gate.wanted(2, 0.1)] == [False, True]
     gate.hit_rate = 0.5
@@ -86,3 +86,26 @@ def test_the_gate_drafts_ahead_only_where_the_hits_save_more_than_the_slowdown_c
     decisions = [gate.wanted(1, 0.1) for _ in range(16)]  # the gate's steps 10..25
     assert decisions.count(True) == 1 and decisions.index(True) == 6  # step 16: a probe of the other way
     assert gate.to_dict()["steps_ahead"] == 6 and gate.to_dict()["forward_slowdown"] == pytest.approx(0.12)
+
+
+def test_the_gate_counts_the_mean_slowdown_and_the_wait_for_the_worker():
+    """Hand-computed: without the worker 4-token forwards take 0.1 s; with it, five take 0.1 s, two
+    0.17 s and one 2.0 s (a stall): the median says no slowdown; the mean without the largest sample
+    0.84 / 7 = 0.12 s, 20%: 0.02 s of a 0.1 s forward. Two sequences at hit rate 0.5 save
+    0.5 * 0.03 * 2 = 0.03 s: ahead. Once the engine has waited 0.02 s for the worker after each forward
+    (a drafter slower than the target), the cost is 0.04 s: not ahead."""
+    gate = OverlapGate()
+    for _ in range(5):
+        gate.record_forward(4, 0.1, False)
+    for seconds in (0.1, 0.17, 0.1, 2.0, 0.1, 0.17, 0.1, 0.1):
+        gate.record_forward(4, seconds, True)
+    gate.fresh_s.add(0.03)
+    gate.hit_rate = 0.5
+    gate.steps = {True: 1, False: 2}  # not a probing step
+    assert gate.slowdown() == pytest.approx(0.2)
+    assert gate.wanted(2, 0.1) is True
+    for _ in range(3):
+        gate.record_exposed(0.02)
+    assert gate.to_dict()["waited_ms"] == pytest.approx(20.0)
+    assert gate.wanted(2, 0.1) is False
+    assert gate.wanted(4, 0.1) is True  # four sequences' hits save 0.06 s
