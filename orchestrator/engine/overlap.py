@@ -9,8 +9,9 @@ next drafts at no cost on the critical path (a hit); any other sequence drafts a
 Whether to draft ahead is decided every step (`OverlapGate`) from what it measures: how much slower
 the target's forward runs while the worker drafts (a drafter thread in the target's process takes
 turns with it on the GIL; on shared cores they take turns on the cores) and how long the engine then
-waits for the worker, against the fresh-draft time that hits save. Where drafting ahead does not pay, the engine drafts as without overlap, and
-every `PROBE_EVERY` steps tries the other choice to keep both measured.
+waits for the worker, against the fresh-draft time that hits save. Where drafting ahead does not pay,
+the engine drafts as without overlap, and every `PROBE_EVERY` steps tries the other choice to keep
+both measured.
 
 One worker thread: ONNX Runtime and torch release the GIL while they compute, so the drafter's
 model runs beside the target's forward. The engine touches the drafter only after `wait()`, so the
@@ -77,10 +78,11 @@ class OverlapGate:
     forwards each way (trimmed: `Recent.mean`), the slowdown the median over sizes seen both ways.
     Means, not medians: the worker slows the forward now a little, now a lot (it holds the GIL between
     its model calls), and the expected cost is the mean (measured on an H200 host: the median said 10%,
-    the forwards beside the worker took about 50% longer on average). (Not relative to the engine's verify curve: that curve follows whichever way most
-    recent steps ran, so the other way's older ratios would drift against it.) Until some size has 3
-    forwards each way it alternates; after 32 steps without one it assumes no slowdown. The wait counts
-    whether the pre-draft hits or not: a drafter slower than the forward leaves the engine waiting."""
+    the forwards beside the worker took about 50% longer on average). (Not relative to the engine's
+    verify curve: that curve follows whichever way most recent steps ran, so the other way's older
+    ratios would drift against it.) Until some size has 3 forwards each way it alternates; after 32
+    steps without one it assumes no slowdown. The wait counts whether the pre-draft hits or not: a
+    drafter slower than the forward leaves the engine waiting."""
 
     def __init__(self, probe_every: int = PROBE_EVERY):
         self.probe_every = probe_every
