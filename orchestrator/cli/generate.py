@@ -8,6 +8,7 @@ from orchestrator.cli.common import (
     add_model_arg,
     add_sampling_args,
     check_acceptance,
+    positive,
     print_result,
     sampling_params,
 )
@@ -45,6 +46,8 @@ def add_parser(sub) -> None:
     g.add_argument("--drafter-ep", action="append", default=None, metavar="PROVIDER",
                    help="ONNX Runtime execution provider(s) for the drafter, in order of preference "
                         "(repeatable; default: the drafter device's provider)")
+    g.add_argument("--drafter-threads", type=positive, default=None, metavar="N",
+                   help="ONNX Runtime intra-op threads for the drafter (default: one per core)")
     g.add_argument("--profile", default=None, metavar="FILE|NAME",
                    help=f"placement profile giving the defaults (default: the shipped '{DEFAULT_PROFILE}'); "
                         "flags override it")
@@ -57,7 +60,8 @@ def overrides(args: argparse.Namespace) -> Overrides:
                      no_spec=args.no_spec, num_speculative_tokens=args.num_speculative_tokens,
                      adaptive_k=args.adaptive_k, precision=args.precision, block_size=args.block_size,
                      int8_lm_head=args.int8_lm_head, kv_handoff=args.kv_handoff, drafter_device=args.drafter_device,
-                     drafter_providers=tuple(args.drafter_ep or ()), overlap=args.overlap)
+                     drafter_providers=tuple(args.drafter_ep or ()), drafter_threads=args.drafter_threads,
+                     overlap=args.overlap)
 
 
 def run(args: argparse.Namespace) -> int:

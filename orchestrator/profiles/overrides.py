@@ -23,7 +23,7 @@ from orchestrator.profiles.schema import MtpDrafterSpec, NgramDrafterSpec, OnnxD
 
 CLI_DRAFTER = "cli"  # the name a drafter chosen by --drafter gets inside the profile
 _CLI_DRAFTERS = {"onnx": OnnxDrafterSpec, "ngram": NgramDrafterSpec, "mtp": MtpDrafterSpec}
-_ONNX_ONLY = ("precision", "block_size", "int8_lm_head", "drafter_device", "drafter_providers")
+_ONNX_ONLY = ("precision", "block_size", "int8_lm_head", "drafter_device", "drafter_providers", "drafter_threads")
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class Overrides:
     kv_handoff: bool | None = None
     drafter_device: str | None = None  # the ONNX drafter's device (provider and KV buffers)
     drafter_providers: tuple[str, ...] = ()  # ONNX Runtime providers, overriding the device's
+    drafter_threads: int | None = None  # ONNX Runtime intra-op threads for the drafter
     overlap: bool | None = None  # draft ahead while the target verifies
 
 
@@ -90,6 +91,8 @@ def _drafter(drafter, given: Overrides):
         onnx["device"] = given.drafter_device
     if "drafter_providers" in onnx:
         onnx["providers"] = onnx.pop("drafter_providers")
+    if "drafter_threads" in onnx:
+        onnx["threads"] = onnx.pop("drafter_threads")
     return replace(drafter, **onnx)
 
 

@@ -268,12 +268,15 @@ def test_flags_override_the_profile():
     assert (c.drafter.precision, c.drafter.int8_lm_head, c.drafter.block_size) == ("int8", False, 32)
     assert c.drafter.providers == ("CPUExecutionProvider",)
     assert _apply(drafter_device="npu:3").drafter.device == "npu:3"
+    assert _apply(drafter_threads=3).drafter.threads == 3
     assert _apply(no_spec=True).drafter_kind == "none"
 
 
 def test_flags_for_another_drafter_kind_are_refused_in_one_line():
     with pytest.raises(HetspecError, match="--precision: only for the onnx drafter, not the ngram drafter"):
         _apply(drafter="ngram", precision="int8")
+    with pytest.raises(HetspecError, match="--drafter-threads: only for the onnx drafter, not the ngram drafter"):
+        _apply(drafter="ngram", drafter_threads=2)
     with pytest.raises(HetspecError, match="kv_handoff needs an onnx drafter"):
         _apply(drafter="ngram", kv_handoff=True)
     with pytest.raises(HetspecError, match="--drafter-device: unknown device 'tpu:0'"):
