@@ -87,13 +87,9 @@ def _drafter(drafter, given: Overrides):
         flags = ", ".join("--" + k.replace("_", "-") for k in onnx)
         raise InvalidRequestError(f"{flags}: only for the onnx drafter, not {_kind(drafter)}")
     if "drafter_device" in onnx:
-        _placement(onnx.pop("drafter_device"), "float32", "--drafter-device")  # a known device name
-        onnx["device"] = given.drafter_device
-    if "drafter_providers" in onnx:
-        onnx["providers"] = onnx.pop("drafter_providers")
-    if "drafter_threads" in onnx:
-        onnx["threads"] = onnx.pop("drafter_threads")
-    return replace(drafter, **onnx)
+        _placement(onnx["drafter_device"], "float32", "--drafter-device")  # a known device name
+    # --drafter-device/-ep/-threads set the config's device, providers, threads
+    return replace(drafter, **{k.removeprefix("drafter_"): v for k, v in onnx.items()})
 
 
 def _kind(drafter) -> str:
