@@ -1,8 +1,9 @@
 """Overlapped vs sequential speculative decoding, side by side in one run.
 
-The stand-in for two devices: the target's torch runs with one thread pinned to core 0, the INT4
-ONNX self-drafter with one thread on core 1 (every drafter call, sequential or ahead, runs on a thread
-pinned there: the "drafter device"; the target waits for it in the sequential loop). Then:
+The stand-in for two devices: the target's torch runs with one thread pinned to core 0, the ONNX
+self-drafter (INT4 as the cpu profile's, or `--drafter int8`) with one thread on core 1 (every
+drafter call, sequential or ahead, runs on a thread pinned there: the "drafter device"; the target
+waits for it in the sequential loop). Then:
 
   pinned          in process: sequential vs overlapped (`Engine(overlap=True)`), target-only beside
   pinned-remote   the drafter behind `hetspec drafter serve` pinned to core 1 (taskset): sequential vs
@@ -19,14 +20,15 @@ side goes first. Also draws one overlapped request's spans (bench/figures/overla
     python bench/bench_overlap.py [--prompts 10] [--tokens 128] [--k 3] [--parts pinned,pinned-remote,shared]
     python bench/bench_overlap.py --parts device --device cuda:0 --dtype float16 [--drafter-threads 4]
 
-Results: bench/figures/overlap-cpu.json (overlap-cuda.json with a device part). Run it on an otherwise
-idle machine.
+Results: bench/figures/overlap-cpu.json (overlap-cuda.json with a device part; `-int8` added to the
+names with `--drafter int8`). Run it on an otherwise idle machine.
 """
 
 import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,6 +46,13 @@ from prompts import GROUNDED, PROMPTS  # noqa: E402  (tests/, put on the path by
 from servers import READY  # noqa: E402
 
 TARGET_CORE, DRAFTER_CORE = 0, 1
+PROFILE = """version: 1
+name: cpu-{precision}
+target: {{model: smollm2-135m, device: cpu, dtype: float32}}
+drafters:
+  d: {{kind: onnx, device: cpu, precision: {precision}, int8_lm_head: false}}
+speculation: {{drafter: d}}
+"""  # the drafter served to the remote parts when --drafter is not int4
 
 
 class OnCore(Drafter):
@@ -80,9 +89,14 @@ class OnCore(Drafter):
         return self._call(self.inner.finish, seq_id)
 
 
-def drafter_server(core: int | None) -> tuple[subprocess.Popen, int]:
-    """`hetspec drafter serve --profile cpu` on a free port, pinned to `core` (taskset) if given."""
-    cmd = [sys.executable, "-m", "orchestrator.cli", "drafter", "serve", "--profile", "cpu", "--port", "0"]
+def drafter_server(core: int | None, precision: str) -> tuple[subprocess.Popen, int]:
+    """`hetspec drafter serve` with the `cpu` profile's drafter at `precision` on a free port, pinned to
+    `core` (taskset) if given."""
+    profile = "cpu"
+    if precision != "int4":
+        profile = str(Path(tempfile.mkdtemp(prefix="hetspec-overlap-")) / f"cpu-{precision}.yaml")
+        Path(profile).write_text(PROFILE.format(precision=precision))
+    cmd = [sys.executable, "-m", "orchestrator.cli", "drafter", "serve", "--profile", profile, "--port", "0"]
     if core is not None:
         cmd = ["taskset", "-c", str(core)] + cmd
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
@@ -141,7 +155,7 @@ def remote_part(name: str, target, tokenizer, ckpt, args, prompts_ids: list, ref
                 core: int | None) -> dict:
     """Sequential vs overlapped with the drafter behind `hetspec drafter serve` (pinned to `core` if
     given); the wire time per round trip beside the figures."""
-    proc, port = drafter_server(core)
+    proc, port = drafter_server(core, args.drafter)
     try:
         remote = RemoteDrafter(f"127.0.0.1:{port}", vocab_size=target.vocab_size, timeout_s=30)
         sides = engines(target, tokenizer, ckpt, remote, args.k)
@@ -188,6 +202,8 @@ def main():
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--drafter", default="int4", choices=["int4", "int8"],
+                    help="the self-drafter's precision (int4: block 32, 8-bit lm_head, as the cpu profile)")
     ap.add_argument("--parts", default="pinned,pinned-remote,shared")
     ap.add_argument("--device", default="cpu", help="the target's device in the device part")
     ap.add_argument("--dtype", default="float16", choices=["float32", "bfloat16", "float16"])
@@ -199,9 +215,11 @@ def main():
     tokenizer = load_tokenizer(ckpt)
     prompts = (PROMPTS[:args.prompts - 1] + [GROUNDED])[:args.prompts]
     prompts_ids = [tokenizer(p).input_ids for p in prompts]
-    export = export_drafter(ckpt, ExportOptions.for_drafter("int4", 32, True), progress=False)
-    report = {"machine": env, "prompts": len(prompts), "tokens": args.tokens, "k": args.k, "parts": {}}
+    export = export_drafter(ckpt, ExportOptions.for_drafter(args.drafter, 32, True), progress=False)
+    report = {"machine": env, "prompts": len(prompts), "tokens": args.tokens, "k": args.k, "drafter": args.drafter,
+              "parts": {}}
 
+    suffix = "" if args.drafter == "int4" else f"-{args.drafter}"
     reference = None
     if "pinned" in parts or "pinned-remote" in parts:
         default_threads = torch.get_num_threads()
@@ -220,7 +238,7 @@ def main():
             tracer.enabled = True  # one request traced, for the picture
             hetspec_side(sides["overlapped"], 48)(prompts_ids[-1])
             tracer.flush()
-            print(f"wrote {spans_picture(tracer, FIGURES / 'overlap-spans.png')}", flush=True)
+            print(f"wrote {spans_picture(tracer, FIGURES / f'overlap-spans{suffix}.png')}", flush=True)
         if "pinned-remote" in parts:
             report["parts"]["pinned-remote"] = remote_part("pinned-remote", target, tokenizer, ckpt, args,
                                                            prompts_ids, reference, DRAFTER_CORE)
@@ -251,7 +269,7 @@ def main():
     for part in report["parts"].values():
         part.pop("reference")
     device_kind = args.device.split(":")[0] if {"device", "device-remote"} & set(parts) else "cpu"
-    write_report(f"overlap-{device_kind}", report)
+    write_report(f"overlap-{device_kind}{suffix}", report)
 
 
 if __name__ == "__main__":

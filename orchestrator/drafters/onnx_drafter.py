@@ -154,6 +154,10 @@ class OnnxDrafter(CachedDrafter):
         # one list order for past inputs and present outputs: layer 0 key, layer 0 value, ...
         self._past_inputs = [f"past_key_values.{i}.{kv}" for i, kv in pasts]
         self._outputs = ["logits"] + [f"present.{i}.{kv}" for i, kv in pasts]
+        logits = next(o for o in self.session.get_outputs() if o.name == "logits")
+        # float32 logits of a static width can be written straight into a buffer of ours (0: cannot)
+        static = logits.type == "tensor(float)" and isinstance(logits.shape[-1], int)
+        self.logits_width = logits.shape[-1] if static else 0
         first = inputs[self._past_inputs[0]]
         self._kv_dtype = _np_dtype(first)
         decoder = genai.get("model", {}).get("decoder", {})

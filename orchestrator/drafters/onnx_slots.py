@@ -25,6 +25,10 @@ class SlotPool:
         self.lengths: list[int] = []  # per slot: positions holding the sequence's K/V
         self.used: list[bool] = []
         self.capacity = 0
+        # per slot range: an IO binding with the K/V views bound (rebuilt when the arrays are), and
+        # the logits buffer of the last one-token run, so a drafting step binds only its token inputs
+        self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
+        self._logits: np.ndarray | None = None
 
     def acquire(self, num_tokens: int) -> "Slot":
         """The lowest free slot (runs stay over short slot ranges), with room for `num_tokens`."""
@@ -37,6 +41,7 @@ class SlotPool:
         self.used[slot], self.lengths[slot] = False, 0
         if not any(self.used):  # nothing open: give the memory back
             self.arrays, self.lengths, self.used, self.capacity = [], [], [], 0
+            self._bindings, self._logits = {}, None
 
     def truncate(self, slot: int, length: int) -> None:
         self.lengths[slot] = min(self.lengths[slot], length)
@@ -65,22 +70,40 @@ class SlotPool:
         for s, row in new.items():
             ids[s - lo] = row
         mask = (np.arange(int(total.max()))[None] < total[:, None]).astype(d._mask_dtype)  # [rows, T]
-        binding = d.session.io_binding()
+        binding = self._binding(lo, hi)
         binding.bind_cpu_input(d._input_ids, ids)
         binding.bind_cpu_input(d._attention_mask, mask)
         if d._position_ids:
             positions = past[:, None] + np.arange(num_new)[None]  # [rows, num_new]
             binding.bind_cpu_input(d._position_ids, positions.astype(d._position_dtype))
-        binding.bind_output("logits", "cpu")
-        for past_name, present_name, array in zip(d._past_inputs, d._outputs[1:], self.arrays):
-            value = ort.OrtValue.ortvalue_from_numpy(array[lo:hi])  # a view: writes land in the pool
-            binding.bind_ortvalue_input(past_name, value)
-            binding.bind_ortvalue_output(present_name, value)
-        d.session.run_with_iobinding(binding)
-        logits = binding.get_outputs()[0].numpy()  # [rows, num_new, vocab]
+        shape = (hi - lo, num_new, d.logits_width)
+        if num_new == 1 and d.logits_width:  # a drafting step: ORT writes the logits into our buffer
+            if self._logits is None or self._logits.shape != shape:
+                self._logits = np.empty(shape, np.float32)
+            binding.bind_output("logits", "cpu", 0, np.float32, list(shape), self._logits.ctypes.data)
+            d.session.run_with_iobinding(binding)
+            logits = self._logits
+        else:
+            binding.bind_output("logits", "cpu")
+            d.session.run_with_iobinding(binding)
+            logits = binding.get_outputs()[0].numpy()  # [rows, num_new, vocab]
         for s, row in new.items():
             self.lengths[s] += len(row)
         return np.stack([logits[s - lo, -1] for s, _ in rows]).astype(np.float32, copy=False)
+
+    def _binding(self, lo: int, hi: int) -> ort.IOBinding:
+        """An IO binding with slots [lo, hi) of every K/V array bound as past input and present output."""
+        binding = self._bindings.get((lo, hi))
+        if binding is None:
+            d = self.drafter
+            binding = d.session.io_binding()
+            binding.bind_output("logits", "cpu")  # first: get_outputs()[0]; rebinding keeps its place
+            for past_name, present_name, array in zip(d._past_inputs, d._outputs[1:], self.arrays):
+                value = ort.OrtValue.ortvalue_from_numpy(array[lo:hi])  # a view: writes land in the pool
+                binding.bind_ortvalue_input(past_name, value)
+                binding.bind_ortvalue_output(present_name, value)
+            self._bindings[(lo, hi)] = binding
+        return binding
 
     def _ensure(self, num_slots: int, num_positions: int) -> None:
         d = self.drafter
@@ -101,7 +124,7 @@ class SlotPool:
             if self.arrays:
                 array[:slots, :, :self.capacity] = self.arrays[i]
             arrays.append(array)
-        self.arrays, self.capacity = arrays, capacity
+        self.arrays, self.capacity, self._bindings = arrays, capacity, {}
         self.lengths += [0] * (new_slots - slots)
         self.used += [False] * (new_slots - slots)
 

@@ -62,7 +62,9 @@ class OverlapStats:
                 "ahead_s": self.ahead_s, "hidden_s": self.hidden_s, "exposed_s": self.exposed_s}
 
 
-PROBE_EVERY = 16  # steps between tries of the choice the gate is not making
+PROBE_EVERY = 16  # steps between tries of the choice the gate is not making...
+FIRM = 2.0  # ...and 4x as many once one side of the comparison is this many times the other
+FIRM_PROBE_FACTOR = 4
 HIT_DECAY = 0.95  # the hit rate is an exponentially weighted mean of recent takes
 PRIOR_HIT_RATE = 0.3
 
@@ -82,7 +84,9 @@ class OverlapGate:
     verify curve: that curve follows whichever way most recent steps ran, so the other way's older
     ratios would drift against it.) Until some size has 3 forwards each way it alternates; after 32
     steps without one it assumes no slowdown. The wait counts whether the pre-draft hits or not: a
-    drafter slower than the forward leaves the engine waiting."""
+    drafter slower than the forward leaves the engine waiting. A probe of the other choice costs what
+    the choice saves: every `probe_every` steps while the two sides are close, every
+    `FIRM_PROBE_FACTOR` times as many once one is `FIRM` times the other."""
 
     def __init__(self, probe_every: int = PROBE_EVERY):
         self.probe_every = probe_every
@@ -117,8 +121,11 @@ class OverlapGate:
             choice = self.steps[True] <= self.steps[False]  # measure both
         else:
             waited = self.exposed_s.mean if self.exposed_s.samples else 0.0
-            choice = self.hit_rate * self.fresh_s.value * num_seqs > max(0.0, slowdown) * forward_s + waited
-            if (sum(self.steps.values()) + 1) % self.probe_every == 0:
+            saved = self.hit_rate * self.fresh_s.value * num_seqs
+            cost = max(0.0, slowdown) * forward_s + waited
+            choice = saved > cost
+            firm = saved >= FIRM * cost or cost >= FIRM * saved
+            if (sum(self.steps.values()) + 1) % (self.probe_every * (FIRM_PROBE_FACTOR if firm else 1)) == 0:
                 choice = not choice
         self.steps[choice] += 1
         return choice
