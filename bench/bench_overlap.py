@@ -50,9 +50,9 @@ PROFILE = """version: 1
 name: cpu-{precision}
 target: {{model: smollm2-135m, device: cpu, dtype: float32}}
 drafters:
-  d: {{kind: onnx, device: cpu, precision: {precision}, int8_lm_head: false}}
+  d: {{kind: onnx, device: cpu, precision: {precision}, block_size: 32, int8_lm_head: {lm_head}{threads}}}
 speculation: {{drafter: d}}
-"""  # the drafter served to the remote parts when --drafter is not int4
+"""  # the drafter the remote parts serve: the one the in-process parts run
 
 
 class OnCore(Drafter):
@@ -90,13 +90,12 @@ class OnCore(Drafter):
 
 
 def drafter_server(core: int | None, precision: str) -> tuple[subprocess.Popen, int]:
-    """`hetspec drafter serve` with the `cpu` profile's drafter at `precision` on a free port, pinned to
-    `core` (taskset) if given."""
-    profile = "cpu"
-    if precision != "int4":
-        profile = str(Path(tempfile.mkdtemp(prefix="hetspec-overlap-")) / f"cpu-{precision}.yaml")
-        Path(profile).write_text(PROFILE.format(precision=precision))
-    cmd = [sys.executable, "-m", "orchestrator.cli", "drafter", "serve", "--profile", profile, "--port", "0"]
+    """`hetspec drafter serve` with the ONNX self-drafter at `precision` on a free port; pinned to
+    `core` (taskset) with one ONNX Runtime thread, as the in-process drafter, if given."""
+    profile = Path(tempfile.mkdtemp(prefix="hetspec-overlap-")) / f"cpu-{precision}.yaml"
+    threads = ", threads: 1" if core is not None else ""
+    profile.write_text(PROFILE.format(precision=precision, lm_head=str(precision == "int4").lower(), threads=threads))
+    cmd = [sys.executable, "-m", "orchestrator.cli", "drafter", "serve", "--profile", str(profile), "--port", "0"]
     if core is not None:
         cmd = ["taskset", "-c", str(core)] + cmd
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
