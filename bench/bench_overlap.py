@@ -14,8 +14,8 @@ waits for it in the sequential loop). Then:
   device-remote   the same target, the drafter behind `hetspec drafter serve` (its own process: no GIL
                   shared with the target's launches): sequential vs overlapped
 
-Greedy, fixed k, every side checked token for token against target-only. Prompts alternate which
-side goes first. Also draws one overlapped request's spans (bench/figures/overlap-spans.png).
+Greedy, fixed k (or `--k auto`), every side checked token for token against target-only. Prompts
+alternate which side goes first. Also draws one overlapped request's spans (bench/figures/overlap-spans.png).
 
     python bench/bench_overlap.py [--prompts 10] [--tokens 128] [--k 3] [--parts pinned,pinned-remote,shared]
     python bench/bench_overlap.py --parts device --device cuda:0 --dtype float16 [--drafter-threads 4]
@@ -107,11 +107,12 @@ def drafter_server(core: int | None, precision: str) -> tuple[subprocess.Popen, 
     raise RuntimeError(f"the drafter server exited ({proc.wait()}) before it was ready")
 
 
-def engines(target, tokenizer, ckpt, drafter, k: int, tracer: Tracer | None = None) -> dict:
+def engines(target, tokenizer, ckpt, drafter, k: str, tracer: Tracer | None = None) -> dict:
+    """Sequential and overlapped engines at a fixed k, or `auto` (the cost model, up to 8 drafts)."""
     eos = eos_token_ids(ckpt, tokenizer)
-    return {"sequential": Engine(target, tokenizer, drafter, num_speculative_tokens=k, eos_token_ids=eos),
-            "overlapped": Engine(target, tokenizer, drafter, num_speculative_tokens=k, eos_token_ids=eos,
-                                 overlap=True, tracer=tracer)}
+    policy = dict(num_speculative_tokens=8, k_policy="auto") if k == "auto" else dict(num_speculative_tokens=int(k))
+    return {"sequential": Engine(target, tokenizer, drafter, eos_token_ids=eos, **policy),
+            "overlapped": Engine(target, tokenizer, drafter, eos_token_ids=eos, overlap=True, tracer=tracer, **policy)}
 
 
 def run_part(name: str, sides: dict, prompts_ids: list, tokens: int, reference: list | None) -> dict:
@@ -200,7 +201,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--k", default="3", help="drafts per step, or auto (the cost model, up to 8)")
     ap.add_argument("--drafter", default="int4", choices=["int4", "int8"],
                     help="the self-drafter's precision (int4: block 32, 8-bit lm_head, as the cpu profile)")
     ap.add_argument("--parts", default="pinned,pinned-remote,shared")
@@ -218,7 +219,7 @@ def main():
     report = {"machine": env, "prompts": len(prompts), "tokens": args.tokens, "k": args.k, "drafter": args.drafter,
               "parts": {}}
 
-    suffix = "" if args.drafter == "int4" else f"-{args.drafter}"
+    suffix = ("" if args.drafter == "int4" else f"-{args.drafter}") + ("-kauto" if args.k == "auto" else "")
     reference = None
     if "pinned" in parts or "pinned-remote" in parts:
         default_threads = torch.get_num_threads()

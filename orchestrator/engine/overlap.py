@@ -65,8 +65,9 @@ class OverlapStats:
 PROBE_EVERY = 16  # steps between tries of the choice the gate is not making...
 FIRM = 2.0  # ...and 4x as many once one side of the comparison is this many times the other
 FIRM_PROBE_FACTOR = 4
-HIT_DECAY = 0.95  # the hit rate is an exponentially weighted mean of recent takes
-PRIOR_HIT_RATE = 0.3
+HIT_DECAY = 0.95  # the hit rate counts recent takes, each older one weighing this much less...
+PRIOR_HIT_RATE = 0.3  # ...shrunk towards this prior, worth PRIOR_HIT_WEIGHT takes
+PRIOR_HIT_WEIGHT = 2.0
 
 
 class OverlapGate:
@@ -95,6 +96,7 @@ class OverlapGate:
         self.fresh_s = Recent(9)  # seconds of a fresh draft, per sequence drafted
         self.exposed_s = Recent(9)  # seconds waited for the worker after a forward it ran beside
         self.hit_rate = PRIOR_HIT_RATE
+        self._hits = self._takes = 0.0  # decayed counts
         self.steps = {True: 0, False: 0}  # steps drafted ahead / not (for stats)
 
     def record_forward(self, num_tokens: int, seconds: float, overlapped: bool) -> None:
@@ -104,7 +106,11 @@ class OverlapGate:
         self.exposed_s.add(seconds)
 
     def record_take(self, hit: bool) -> None:
-        self.hit_rate = HIT_DECAY * self.hit_rate + (1 - HIT_DECAY) * hit
+        """A pre-draft taken or discarded. The rate is the decayed share of hits with a weak prior (a
+        good drafter's first hits count at once; a moving average from the prior took ~20 takes)."""
+        self._hits = HIT_DECAY * self._hits + hit
+        self._takes = HIT_DECAY * self._takes + 1
+        self.hit_rate = (self._hits + PRIOR_HIT_WEIGHT * PRIOR_HIT_RATE) / (self._takes + PRIOR_HIT_WEIGHT)
 
     def slowdown(self) -> float | None:
         """Measured relative slowdown of the target's forward while the worker runs (None: not yet)."""

@@ -106,6 +106,18 @@ def test_the_gate_probes_less_once_one_side_is_twice_the_other():
     assert [i + 128 for i, d in enumerate(decisions) if d] == [128, 144]
 
 
+def test_the_hit_rate_follows_the_takes_from_a_weak_prior():
+    """Hand-computed: prior 0.3 worth 2 takes. Three hits: (2.8525 + 0.6) / (2.8525 + 2) = 0.71
+    (1 + 0.95 + 0.9025 decayed hits); then a miss: (2.7099 + 0.6) / (3.7099 + 2) = 0.58."""
+    gate = OverlapGate()
+    assert gate.hit_rate == pytest.approx(0.3)
+    for _ in range(3):
+        gate.record_take(True)
+    assert gate.hit_rate == pytest.approx(3.4525 / 4.8525)
+    gate.record_take(False)
+    assert gate.hit_rate == pytest.approx((0.95 * 2.8525 + 0.6) / (0.95 * 2.8525 + 1 + 2))
+
+
 def test_the_gate_counts_the_mean_slowdown_and_the_wait_for_the_worker():
     """Hand-computed: without the worker 4-token forwards take 0.1 s; with it, five take 0.1 s, two
     0.17 s and one 2.0 s (a stall): the median says no slowdown; the mean without the largest sample
