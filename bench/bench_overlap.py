@@ -21,11 +21,12 @@ alternate which side goes first. Also draws one overlapped request's spans (benc
     python bench/bench_overlap.py --parts device --device cuda:0 --dtype float16 [--drafter-threads 4]
 
 Results: bench/figures/overlap-cpu.json (overlap-cuda.json with a device part; `-int8` added to the
-names with `--drafter int8`). Run it on an otherwise idle machine.
+names with `--drafter int8`, `-kauto` with `--k auto`). Run it on an otherwise idle machine.
 """
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -103,6 +104,7 @@ def drafter_server(core: int | None, precision: str) -> tuple[subprocess.Popen, 
     for text in proc.stderr:
         m = READY.search(text)
         if m:
+            shutil.rmtree(profile.parent)  # read at start-up
             return proc, int(m[1])
     raise RuntimeError(f"the drafter server exited ({proc.wait()}) before it was ready")
 
