@@ -4,7 +4,7 @@
 # the cost model's predictions per draft length (a profiling run), overlap across the two devices
 # (bench_overlap), and speculation control on the gpu-target-cpu-drafter profile.
 # Run from the repository root on a CUDA host where hetspec is installed (README: Set up); results go
-# to bench/figures/ (core-float16-cuda.json, drafting.json, overlap-cuda.json,
+# to bench/figures/ (core-float16-cuda.json, drafting.json, overlap-cuda.json, overlap-cuda-int8.json,
 # control-gpu-target-cpu-drafter.json, written cell by cell) and $TMPDIR/hetspec-gpu-profile/ (report.md).
 #
 #     bash bench/gpu_check.sh [SECONDS_FOR_BENCH_CONTROL]
@@ -19,5 +19,7 @@ python -m orchestrator.cli profile run --profile gpu-target-cpu-drafter --worklo
     --max-new-tokens 48 --sweep k=1,2,4 -k auto --out "${TMPDIR:-/tmp}/hetspec-gpu-profile" --no-progress
 python bench/bench_overlap.py --parts device,device-remote --device cuda:0 --dtype float16 --drafter-threads 4 \
     --prompts 6 --tokens 128
+python bench/bench_overlap.py --parts device --device cuda:0 --dtype float16 --drafter-threads 4 \
+    --prompts 6 --tokens 128 --drafter int8 --k 6  # the drafter whose pre-drafts hit 80% on the CPU pair
 timeout "${1:-900}" python bench/bench_control.py --profile gpu-target-cpu-drafter --workloads chat,code \
     --concurrency 1,16 --repeats 2
