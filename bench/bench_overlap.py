@@ -51,7 +51,7 @@ PROFILE = """version: 1
 name: cpu-{precision}
 target: {{model: smollm2-135m, device: cpu, dtype: float32}}
 drafters:
-  d: {{kind: onnx, device: cpu, precision: {precision}, block_size: 32, int8_lm_head: {lm_head}{threads}}}
+  d: {{kind: onnx, device: cpu, precision: {precision}, block_size: {block_size}, int8_lm_head: {lm_head}{threads}}}
 speculation: {{drafter: d}}
 """  # the drafter the remote parts serve: the one the in-process parts run
 
@@ -90,12 +90,19 @@ class OnCore(Drafter):
         return self._call(self.inner.finish, seq_id)
 
 
+def drafter_options(precision: str) -> ExportOptions:
+    """The self-drafter's export: block 32, an 8-bit lm_head for INT4 (the cpu profile's)."""
+    return ExportOptions.for_drafter(precision, 32, True)
+
+
 def drafter_server(core: int | None, precision: str) -> tuple[subprocess.Popen, int]:
     """`hetspec drafter serve` with the ONNX self-drafter at `precision` on a free port; pinned to
     `core` (taskset) with one ONNX Runtime thread, as the in-process drafter, if given."""
+    opts = drafter_options(precision)
     profile = Path(tempfile.mkdtemp(prefix="hetspec-overlap-")) / f"cpu-{precision}.yaml"
     threads = ", threads: 1" if core is not None else ""
-    profile.write_text(PROFILE.format(precision=precision, lm_head=str(precision == "int4").lower(), threads=threads))
+    profile.write_text(PROFILE.format(precision=opts.precision, block_size=opts.block_size,
+                                      lm_head=str(opts.int8_lm_head).lower(), threads=threads))
     cmd = [sys.executable, "-m", "orchestrator.cli", "drafter", "serve", "--profile", str(profile), "--port", "0"]
     if core is not None:
         cmd = ["taskset", "-c", str(core)] + cmd
@@ -217,7 +224,7 @@ def main():
     tokenizer = load_tokenizer(ckpt)
     prompts = (PROMPTS[:args.prompts - 1] + [GROUNDED])[:args.prompts]
     prompts_ids = [tokenizer(p).input_ids for p in prompts]
-    export = export_drafter(ckpt, ExportOptions.for_drafter(args.drafter, 32, True), progress=False)
+    export = export_drafter(ckpt, drafter_options(args.drafter), progress=False)
     report = {"machine": env, "prompts": len(prompts), "tokens": args.tokens, "k": args.k, "drafter": args.drafter,
               "parts": {}}
 

@@ -76,8 +76,8 @@ class SlotPool:
         if d._position_ids:
             positions = past[:, None] + np.arange(num_new)[None]  # [rows, num_new]
             binding.bind_cpu_input(d._position_ids, positions.astype(d._position_dtype))
-        shape = (hi - lo, num_new, d.logits_width)
         if num_new == 1 and d.logits_width:  # a drafting step: ORT writes the logits into our buffer
+            shape = (hi - lo, 1, d.logits_width)
             if self._logits is None or self._logits.shape != shape:
                 self._logits = np.empty(shape, np.float32)
             binding.bind_output("logits", "cpu", 0, np.float32, list(shape), self._logits.ctypes.data)
