@@ -85,7 +85,7 @@ class Engine:
             if not drafter.overlaps:
                 raise InvalidRequestError(f"drafter {drafter.name} cannot draft ahead: overlap needs a single drafter",
                                           "overlap")
-            self.overlap = PreDrafter(drafter, self.tracer, self._drafter_track)
+            self.overlap = PreDrafter(drafter, self.tracer, self._drafter_track, self.policy.cost)
         self.hidden_feed = HiddenFeed(drafter, target.model_id, block_transport, self.tracer) \
             if drafter is not None and drafter.reads_hidden else None
 
@@ -148,7 +148,8 @@ class Engine:
     def _plan(self, seqs: list[Sequence]) -> Plan:
         """Each sequence's k for this step, from the policy (the cost model sees the whole batch)."""
         candidates = [Candidate(seq.seq_id, self._draft_cap(seq), seq.num_tokens - self.target.kv_length(seq.seq_id),
-                                seq.acceptance, self._drafter_lag(seq), seq.remaining) for seq in seqs]
+                                seq.acceptance, self._drafter_lag(seq), seq.remaining,
+                                ahead=self.overlap is not None and seq.params.greedy) for seq in seqs]
         return self.policy.plan(candidates, {seq.seq_id: seq.draft_len for seq in seqs})
 
     def _propose(self, seqs: list[Sequence]) -> dict[int, DraftProposal]:

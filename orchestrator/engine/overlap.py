@@ -28,6 +28,7 @@ from typing import Callable
 
 from orchestrator.engine.drafter import Drafter, DraftProposal, DraftRequest
 from orchestrator.engine.measured import Recent
+from orchestrator.engine.speculation import CostModel
 from orchestrator.tracing import Tracer, Track
 
 
@@ -98,6 +99,14 @@ class OverlapGate:
         self.hit_rate = PRIOR_HIT_RATE
         self._hits = self._takes = 0.0  # decayed counts
         self.steps = {True: 0, False: 0}  # steps drafted ahead / not (for stats)
+        self.favoured = False  # the last choice before any probe (False while measuring both ways)
+        self.ahead_ratio = Recent(9)  # pre-draft seconds over the drafter's fitted cost of the same call
+
+    @property
+    def ahead_factor(self) -> float:
+        """How much longer a pre-draft runs than the same call made on its own (beside the target's
+        forward the drafter shares the GIL, the memory bus or the cores); 1 until measured."""
+        return self.ahead_ratio.mean if self.ahead_ratio.samples else 1.0
 
     def record_forward(self, num_tokens: int, seconds: float, overlapped: bool) -> None:
         self.times[overlapped].setdefault(num_tokens, Recent(9)).add(seconds)
@@ -125,11 +134,12 @@ class OverlapGate:
             slowdown = 0.0  # forwards of too many sizes to compare: take the saving alone
         if slowdown is None or not self.fresh_s.samples:
             choice = self.steps[True] <= self.steps[False]  # measure both
+            self.favoured = False
         else:
             waited = self.exposed_s.mean if self.exposed_s.samples else 0.0
             saved = self.hit_rate * self.fresh_s.value * num_seqs
             cost = max(0.0, slowdown) * forward_s + waited
-            choice = saved > cost
+            choice = self.favoured = saved > cost
             firm = saved >= FIRM * cost or cost >= FIRM * saved
             if (sum(self.steps.values()) + 1) % (self.probe_every * (FIRM_PROBE_FACTOR if firm else 1)) == 0:
                 choice = not choice
@@ -141,20 +151,24 @@ class OverlapGate:
         return {"steps_ahead": self.steps[True], "steps_not_ahead": self.steps[False],
                 "forward_slowdown": slowdown, "hit_rate_recent": self.hit_rate,
                 "fresh_draft_ms": self.fresh_s.value * 1e3 if self.fresh_s.samples else None,
-                "waited_ms": self.exposed_s.mean * 1e3 if self.exposed_s.samples else None}
+                "waited_ms": self.exposed_s.mean * 1e3 if self.exposed_s.samples else None,
+                "ahead_factor": self.ahead_factor}
 
 
 class PreDrafter:
     """Runs `Drafter.propose_ahead` on a worker thread; hands matching pre-drafts to the next step."""
 
-    def __init__(self, drafter: Drafter, tracer: Tracer, track: Track):
-        self.drafter, self.tracer, self.track = drafter, tracer, track
+    def __init__(self, drafter: Drafter, tracer: Tracer, track: Track, cost: CostModel | None = None):
+        """`cost`: the engine's cost model, which then plans k knowing the drafts are made ahead."""
+        self.drafter, self.tracer, self.track, self.cost = drafter, tracer, track, cost
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetspec-predraft")
         self._future: Future | None = None
         self._pending: dict[int, _Ahead] = {}  # launched this step
         self._ready: dict[int, _Ahead] = {}  # finished, waiting for their sequence's next step
         self.stats = OverlapStats()
         self.gate = OverlapGate()
+        if cost is not None:
+            cost.ahead = self.gate
 
     def predrafted(self, seq, cap: int) -> DraftProposal | None:
         """A sequence's pre-draft (at most `cap` tokens), if the worker's assumption held; greedy only."""
@@ -237,6 +251,11 @@ class PreDrafter:
         self.stats.exposed_s += waited
         self.gate.record_exposed(waited)
         self.stats.ahead_s += elapsed
+        lengths = [len(p.draft_ids) for p in proposals.values() if not p.unavailable]
+        if self.cost is not None and self.cost.draft.measured and any(lengths):
+            alone = self.cost.draft(len(lengths), sum(lengths), 0, 0.0, max(lengths))
+            if alone > 0:
+                self.gate.ahead_ratio.add(elapsed / alone)
         for seq_id, ahead in self._pending.items():
             ahead.proposal = proposals.get(seq_id)
         self._ready, self._pending = self._pending, {}

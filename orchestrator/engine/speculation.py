@@ -24,6 +24,7 @@ and TensorRT-LLM's `draft_len_schedule` (batch size -> k).
 
 import itertools
 from dataclasses import dataclass
+from typing import Protocol
 
 from orchestrator.engine.measured import Acceptance, DraftCost, VerifyCurve
 
@@ -49,6 +50,14 @@ class Candidate:
     acceptance: Acceptance  # its own measurements
     lag: int = 1  # committed tokens its drafter has not run (1 when it drafted last step)
     remaining: int = 1 << 30  # tokens it may still generate
+    ahead: bool = False  # its next draft is drafted while the target verifies this step (greedy, overlap on)
+
+
+class Ahead(Protocol):
+    """What the cost model reads of overlapped drafting (`overlap.OverlapGate`)."""
+    favoured: bool  # drafting ahead is the gate's choice (its tries of the other choice aside)
+    hit_rate: float  # share of pre-drafts that became the next step's drafts
+    ahead_factor: float  # a pre-draft's seconds over the fitted cost of the same call made on its own
 
 
 @dataclass
@@ -58,6 +67,7 @@ class Plan:
     expected_tokens: float = 0.0  # committed tokens the model expects from this step
     expected_s: float = 0.0  # seconds it expects the step to take (0 when costs are not measured yet)
     num_tokens: int = 0  # tokens in the target's forward
+    overlapped: bool = False  # costed as drafting ahead (`CostModel.step_seconds`)
 
 
 class CostModel:
@@ -72,6 +82,7 @@ class CostModel:
         self._pooled: list[float] | None = None  # its conditional rates, per position (cached)
         self.draft = DraftCost(batched_drafter)
         self.verify = VerifyCurve()
+        self.ahead: Ahead | None = None  # set by `overlap.PreDrafter` when the engine drafts ahead
         self._steps_since_draft, self._idle_s = 0, 0.0
         # greedy drafts judged on their own (their prefix accepted), binned by the drafter's confidence
         self.confidence_drafted = [0.0] * CONFIDENCE_BINS
@@ -116,12 +127,13 @@ class CostModel:
         """The acceptance probability at which a draft token pays: the plan's time per draft token
         (drafting and the verify's extra tokens, averaged over its drafts: one size's noise in the
         verify curve must not decide; catch-ups are paid once, not per draft) times the tokens per
-        second the plan expects."""
+        second the plan expects. Drafting ahead, only what the engine is expected to pay of it counts."""
         drafted, ks = sum(plan.ks.values()), [k for k in plan.ks.values() if k]
         if not plan.expected_s or drafted <= 1 or not self.draft.measured:
             return 0.0  # a single draft (a probe, say) is there to be judged: nothing to trim
         n = plan.num_tokens
-        per_draft = (self.verify(n) - self.verify(n - drafted) + self.draft(len(ks), drafted, 0, 0.0, max(ks))) / drafted
+        step = self.step_seconds(n, len(ks), drafted, 0, max(ks), plan.overlapped)
+        per_draft = (step - self.verify(n - drafted)) / drafted
         return per_draft * plan.expected_tokens / plan.expected_s
 
     # ---- the choice ----------------------------------------------------------------------------
@@ -155,12 +167,32 @@ class CostModel:
         return 1.0 + sum(self.p_all(own, k))
 
     def step_seconds(self, num_tokens: int, num_drafting: int, num_drafted: int, catch_up: int,
-                     positions: int | None = None) -> float:
+                     positions: int | None = None, overlapped: bool = False) -> float:
         """A step's expected seconds: the target's forward over `num_tokens`, and the drafter's call
-        (before measurements a draft token, or position, costs 10% of a one-token forward)."""
+        (before measurements a draft token, or position, costs 10% of a one-token forward).
+
+        `overlapped`: this step's drafts were drafted while the target verified the last one (a hit)
+        but for the misses, and its forward hides the next step's pre-draft (one more token per
+        sequence, the first a guess at the target's next token) unless that outlasts it:
+
+            V(n) + (1 - hit rate) * D(k) + max(0, ahead factor * D(k + 1) - V(n))
+
+        so k grows while its pre-draft fits under the verify and shrinks once the engine would wait."""
+        verify = self.verify(num_tokens)
         if not num_drafted:
-            return self.verify(num_tokens)
-        return self.verify(num_tokens) + self.draft(num_drafting, num_drafted, catch_up, 0.1 * self.verify(1), positions)
+            return verify
+        prior = 0.1 * self.verify(1)
+        draft = self.draft(num_drafting, num_drafted, catch_up, prior, positions)
+        if not overlapped or self.ahead is None:
+            return verify + draft
+        ahead = self.ahead.ahead_factor * self.draft(num_drafting, num_drafted + num_drafting, 0, prior,
+                                                      None if positions is None else positions + 1)
+        return verify + (1.0 - self.ahead.hit_rate) * draft + max(0.0, ahead - verify)
+
+    def overlapped(self, candidates: list[Candidate]) -> bool:
+        """Whether this step is costed as drafting ahead: the gate drafts ahead and every sequence
+        that may draft would (a sampled one drafts on the critical path)."""
+        return self.ahead is not None and self.ahead.favoured and all(c.ahead for c in candidates if c.k_cap)
 
     def plan(self, candidates: list[Candidate]) -> Plan:
         """Greedy: while the step's expected tokens per second go up, make the move raising them most:
@@ -170,6 +202,7 @@ class CostModel:
         where one does not); starters pay the per-sequence cost and the catch-up, so they are weighed
         one by one, only the likeliest with lookahead."""
         ks = {c.seq_id: 0 for c in candidates}
+        overlapped = self.overlapped(candidates)
         tokens = float(len(candidates))  # every sequence commits at least one token
         n, drafting, drafted, catch_up, level = sum(c.pending for c in candidates), 0, 0, 0.0, 0
         best = tokens / self.step_seconds(n, 0, 0, 0) if candidates else 0.0
@@ -183,7 +216,7 @@ class CostModel:
                 new = [c for c in members if ks[c.seq_id] == 0]
                 gain = sum(cum[c.seq_id][k + m] - cum[c.seq_id][k] for c in members)
                 t = self.step_seconds(n + m * len(members), drafting + len(new), drafted + m * len(members),
-                                      catch_up + sum(amortised[c.seq_id] for c in new), max(level, k + m))
+                                      catch_up + sum(amortised[c.seq_id] for c in new), max(level, k + m), overlapped)
                 moves.append(((tokens + gain) / t, members, m, gain))
 
             starters = sorted((c for c in open_ if ks[c.seq_id] == 0), key=lambda c: -cum[c.seq_id][1])
@@ -225,9 +258,9 @@ class CostModel:
                 ks[c.seq_id] = 1
                 tokens += self.p_through(c.acceptance, 0)
                 n, drafting, drafted, catch_up, level = n + 1, 1, 1, c.lag - 1, 1
-                self._steps_since_draft, self._idle_s = 0, 0.0
-        expected_s = self.step_seconds(n, drafting, drafted, catch_up, level) if self.verify.measured else 0.0
-        return Plan(ks, tokens, expected_s, n)
+                self._steps_since_draft, self._idle_s, overlapped = 0, 0.0, False  # drafted afresh
+        expected_s = self.step_seconds(n, drafting, drafted, catch_up, level, overlapped) if self.verify.measured else 0.0
+        return Plan(ks, tokens, expected_s, n, overlapped)
 
     def _cumulative(self, c: Candidate) -> list[float]:
         """[0, p(1), p(1) + p(2), ...] up to the sequence's cap: expected accepted drafts after j drafts."""
@@ -246,9 +279,10 @@ class CostModel:
         drafting = [c for c in candidates if ks.get(c.seq_id)]
         catch_up = sum(c.lag - 1 for c in drafting)
         n = sum(c.pending for c in candidates) + drafted
-        positions = max(ks.values(), default=0)
-        expected_s = self.step_seconds(n, len(drafting), drafted, catch_up, positions) if self.verify.measured else 0.0
-        return Plan(ks, tokens, expected_s, n)
+        positions, overlapped = max(ks.values(), default=0), self.overlapped(candidates)
+        expected_s = self.step_seconds(n, len(drafting), drafted, catch_up, positions, overlapped) \
+            if self.verify.measured else 0.0
+        return Plan(ks, tokens, expected_s, n, overlapped)
 
 
 class KPolicy:

@@ -8,6 +8,7 @@ from orchestrator.drafters.combined import CombinedDrafter
 from orchestrator.drafters.ngram import NgramDrafter
 from orchestrator.engine.drafter import DraftRequest
 from orchestrator.engine.overlap import OverlapGate, PreDrafter
+from orchestrator.engine.speculation import CostModel
 from orchestrator.errors import InvalidRequestError
 from orchestrator.tracing import Tracer, Track
 
@@ -139,3 +140,32 @@ def test_the_gate_counts_the_mean_slowdown_and_the_wait_for_the_worker():
     assert gate.to_dict()["waited_ms"] == pytest.approx(20.0)
     assert gate.wanted(2, 0.1) is False
     assert gate.wanted(4, 0.1) is True  # four sequences' hits save 0.06 s
+
+
+def test_the_predrafter_hands_the_cost_model_its_gate_and_measures_how_long_predrafts_run():
+    cost = CostModel(8)
+    for tokens in (2, 4, 6):  # the drafter measured on its own: 0.01 s per draft token
+        cost.record_draft(1, tokens, 0, 0.01 * tokens)
+    drafter = NgramDrafter()
+    drafter.start(0, PROMPT)
+    ahead = PreDrafter(drafter, Tracer(), Track("cpu", "drafter (ngram)"), cost)
+    assert cost.ahead is ahead.gate and ahead.gate.ahead_factor == 1.0  # before any pre-draft
+    ahead.launch([DraftRequest(0, 3)], {0: len(PROMPT)}, {0: [3, 4]}, step=0)
+    ahead.wait()
+    drafted = len(ahead._ready[0].proposal.draft_ids)
+    assert drafted == 3
+    assert ahead.gate.ahead_factor == pytest.approx(ahead.stats.ahead_s / cost.draft(1, drafted, 0, 0.0, drafted))
+    ahead.close()
+
+
+def test_the_gate_favours_drafting_ahead_only_once_measured_and_not_on_its_probes():
+    gate = OverlapGate()
+    assert [gate.wanted(1, 0.1) for _ in range(2)] == [True, False] and not gate.favoured  # measuring
+    for _ in range(3):
+        gate.record_forward(4, 0.100, False)
+        gate.record_forward(4, 0.100, True)
+    gate.fresh_s.add(0.03)
+    gate.hit_rate = 0.9
+    decisions = [(gate.wanted(1, 0.1), gate.favoured) for _ in range(62)]  # the gate's steps 3..64
+    assert decisions[-1] == (False, True)  # step 64 tries not drafting ahead; ahead stays the choice
+    assert all(d == (True, True) for d in decisions[:-1])

@@ -2,6 +2,7 @@
 
 import pytest
 
+from orchestrator.engine.overlap import OverlapGate
 from orchestrator.engine.speculation import (
     PRIOR_ACCEPTANCE,
     Acceptance,
@@ -324,3 +325,64 @@ def test_break_even_averages_the_plans_draft_time_over_its_drafts():
     plan = m.plan([decoding(0, k_cap=4)])
     assert plan.ks == {0: 4} and plan.expected_s == pytest.approx(1.54, rel=1e-3)
     assert m.break_even(plan) == pytest.approx(0.135 * 2.3056 / 1.54, rel=1e-3)
+
+
+def overlapped(hit_rate: float, factor: float, favoured: bool = True) -> OverlapGate:
+    """The overlap gate as the engine leaves it: its choice, the hit rate, one pre-draft measured at
+    `factor` times the drafter's cost on its own."""
+    gate = OverlapGate()
+    gate.favoured, gate.hit_rate = favoured, hit_rate
+    gate.ahead_ratio.add(factor)
+    return gate
+
+
+# (verify, draft seconds per token, hit rate, ahead factor, expected k) for one greedy sequence drafting
+# ahead; P(drafts 1..j accepted) = 0.6 ** j. A step costs V(1 + k) + (1 - hit) * D(k) + the wait
+# max(0, factor * D(k + 1) - V(1 + k)).
+OVERLAPPED = [
+    # V = 1 + 0.05 per token, drafts 0.1: the pre-draft always fits; T = 1 + 0.05k + 0.02k:
+    # k=3 2.176/1.21 = 1.798, k=4 2.3056/1.28 = 1.801, k=5 2.38336/1.35 = 1.765 -> 4 (sequential: 2)
+    (linear(1.0, 0.05), 0.1, 0.8, 1.0, 4),
+    # flat V = 1, drafts 0.3: k=1 1.6/1.06 = 1.509, k=2 1.96/1.12 = 1.75 (the pre-draft of 3 takes 0.9),
+    # k=3 waits 0.2: 2.176/1.38 = 1.577 -> 2 (sequential: 1)
+    (linear(1.0, 0.0), 0.3, 0.8, 1.0, 2),
+    # the same pre-draft running 1.5x as long beside the target: k=2 waits 0.35, 1.96/1.47 = 1.333 < k=1 -> 1
+    (linear(1.0, 0.0), 0.3, 0.8, 1.5, 1),
+]
+
+
+@pytest.mark.parametrize("verify, draft, hit_rate, factor, expected", OVERLAPPED)
+def test_drafting_ahead_plans_k_against_the_hidden_and_the_waited_draft_time(verify, draft, hit_rate, factor,
+                                                                              expected):
+    m = model(verify, draft)
+    sequential = m.plan([decoding(0)])
+    m.ahead = overlapped(hit_rate, factor)
+    plan = m.plan([Candidate(0, 8, pending=1, acceptance=Acceptance(), ahead=True)])
+    assert plan.ks == {0: expected} and plan.overlapped
+    k = expected
+    wait = max(0.0, factor * draft * (k + 1) - verify[1 + k])
+    assert plan.expected_s == pytest.approx(verify[1 + k] + (1 - hit_rate) * draft * k + wait, rel=1e-3)
+    assert sequential.ks == {0: {4: 2, 2: 1, 1: 1}[expected]} and not sequential.overlapped
+
+
+def test_drafting_ahead_is_costed_only_when_the_gate_favours_it_and_no_drafting_sequence_samples():
+    m = model(linear(1.0, 0.05), 0.1)
+    greedy = Candidate(0, 8, pending=1, acceptance=Acceptance(), ahead=True)
+    sampled = Candidate(1, 8, pending=1, acceptance=Acceptance(), ahead=False)
+    prefilling = Candidate(2, 0, pending=50, acceptance=Acceptance(), ahead=False)
+    m.ahead = overlapped(0.8, 1.0, favoured=False)
+    assert not m.overlapped([greedy]) and m.plan([greedy]).ks == {0: 2}
+    m.ahead.favoured = True
+    assert m.overlapped([greedy, prefilling]) and not m.overlapped([greedy, sampled])
+    assert m.plan([greedy]).ks == {0: 4}
+
+
+def test_break_even_drafting_ahead_counts_only_the_draft_time_the_engine_pays():
+    """Two greedy sequences, verify 1 + 0.1 per token, drafts 0.2 each, all hidden but the misses (hit
+    rate 0.8): a draft costs 0.1 + 0.2 * 0.2 = 0.14 s, not 0.3 s."""
+    m = model(linear(1.0, 0.1), 0.2)
+    m.ahead = overlapped(0.8, 1.0)
+    plan = m.plan([Candidate(i, 8, pending=1, acceptance=Acceptance(), ahead=True) for i in range(2)])
+    drafted = sum(plan.ks.values())
+    assert plan.overlapped and drafted >= 2
+    assert m.break_even(plan) == pytest.approx(0.14 * plan.expected_tokens / plan.expected_s, rel=1e-3)
