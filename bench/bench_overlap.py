@@ -124,13 +124,16 @@ def engines(target, tokenizer, ckpt, drafter, k: str, tracer: Tracer | None = No
             "overlapped": Engine(target, tokenizer, drafter, eos_token_ids=eos, overlap=True, tracer=tracer, **policy)}
 
 
-def run_part(name: str, sides: dict, prompts_ids: list, tokens: int, reference: list | None) -> dict:
+def run_part(name: str, sides: dict, prompts_ids: list, tokens: int, reference: list | None,
+             after_warmup=None) -> dict:
     """Warm up, then every side on each prompt (order rotating); tokens/s, ratios, overlap counters.
     Outputs are checked against `reference`, or the target-only side's when the part has one."""
     for engine in sides.values():
         hetspec_side(engine, 16)(prompts_ids[0])
         if engine.overlap is not None:
             engine.overlap.stats = type(engine.overlap.stats)()
+    if after_warmup is not None:
+        after_warmup()
     names = list(sides)
     results = alternate([hetspec_side(sides[n], tokens) for n in names], prompts_ids)
     if "target-only" in sides:
@@ -163,16 +166,31 @@ def run_part(name: str, sides: dict, prompts_ids: list, tokens: int, reference: 
 def remote_part(name: str, target, tokenizer, ckpt, args, prompts_ids: list, reference: list | None,
                 core: int | None) -> dict:
     """Sequential vs overlapped with the drafter behind `hetspec drafter serve` (pinned to `core` if
-    given); the wire time per round trip beside the figures."""
+    given). Each side has its own session, so its wire time is its own: per round trip, and per step
+    what the engine waited for (the remote overhead on the critical path; a pre-draft's is hidden)."""
     proc, port = drafter_server(core, args.drafter)
     try:
-        remote = RemoteDrafter(f"127.0.0.1:{port}", vocab_size=target.vocab_size, timeout_s=30)
-        sides = engines(target, tokenizer, ckpt, remote, args.k)
-        rounds0 = (remote.round_trip_s, remote.compute_s, remote.num_batches)
-        result = run_part(name, sides, prompts_ids, args.tokens, reference)
-        rt, comp, n = (a - b for a, b in zip((remote.round_trip_s, remote.compute_s, remote.num_batches), rounds0))
-        result["wire_ms_per_round_trip"] = round(1e3 * (rt - comp) / max(1, n), 3)
-        remote.close()
+        remotes = {side: RemoteDrafter(f"127.0.0.1:{port}", vocab_size=target.vocab_size, timeout_s=30)
+                   for side in ("sequential", "overlapped")}
+        sides = {side: engines(target, tokenizer, ckpt, remote, args.k)[side] for side, remote in remotes.items()}
+
+        def reset():
+            for remote in remotes.values():
+                remote.round_trip_s = remote.compute_s = remote.critical_wire_s = 0.0
+                remote.num_batches = 0
+
+        result = run_part(name, sides, prompts_ids, args.tokens, reference, after_warmup=reset)
+        for side, remote in remotes.items():
+            result[side].update(round_trips=remote.num_batches, wire_ms_per_round_trip=round(
+                1e3 * (remote.round_trip_s - remote.compute_s) / max(1, remote.num_batches), 3),
+                critical_wire_ms_per_step=round(1e3 * remote.critical_wire_s / result[side]["num_steps"], 3))
+            remote.close()
+        trips = sum(result[side]["round_trips"] for side in remotes)
+        result["wire_ms_per_round_trip"] = round(sum(result[side]["wire_ms_per_round_trip"] * result[side]["round_trips"]
+                                                     for side in remotes) / max(1, trips), 3)  # both sessions
+        print("  remote overhead on the critical path per step: " + ", ".join(
+            f"{side} {result[side]['critical_wire_ms_per_step']:.2f} ms ({result[side]['round_trips']} round trips, "
+            f"{result[side]['wire_ms_per_round_trip']:.2f} ms wire each)" for side in remotes), flush=True)
         return result
     finally:
         proc.terminate()

@@ -18,6 +18,12 @@ draft, each looked ahead up to the cap) is made while one does. Where speculatio
 plainly, re-examined every step; after a long run without drafts one cheap probe keeps the acceptance
 estimate fresh.
 
+When the engine drafts ahead (`overlap`: the gate favours it and every drafting sequence is greedy),
+a step's drafts are free but for the misses, and its forward hides the next step's pre-draft unless
+that outlasts it: T = V(n) + (1 - hit rate) D(k) + max(0, ahead factor x D(k + 1) - V(n)), with the
+hit rate and the pre-draft's slowdown measured by the gate. k then settles where the pre-draft fits
+under the verify (`CostModel.step_seconds`).
+
 Fixed rules stay as baselines: a constant k, HF's +2/-1 heuristic, vLLM's `disable_by_batch_size`
 and TensorRT-LLM's `draft_len_schedule` (batch size -> k).
 """

@@ -92,10 +92,13 @@ class RemoteDrafter(SessionLink, Drafter):
         self._expect: list[int] = []  # request ids sent and not yet answered, in order
         self.num_failures = 0
         self.last_error = ""
-        # accounting: wall time of propose round trips vs the drafter's own compute time
+        # accounting: wall time of propose round trips vs the drafter's own compute time; of the wire
+        # time (round trip less compute), what the engine waited for (not a pre-draft's, hidden by a verify)
         self.num_batches = 0
         self.round_trip_s = 0.0
         self.compute_s = 0.0
+        self.critical_wire_s = 0.0
+        self._ahead = False  # within propose_ahead (on the engine's pre-draft worker)
         if address is None:
             if not self._resolve(wait=True):  # no drafter up yet: asked again at later steps
                 return
@@ -137,6 +140,13 @@ class RemoteDrafter(SessionLink, Drafter):
             except (DrafterFailure, BlockError) as e:
                 self._fail(e)
         return {r.seq_id: DraftProposal(draft_ids=[], unavailable=True) for r in requests}
+
+    def propose_ahead(self, requests: list[DraftRequest], assumed: dict[int, list[int]]) -> dict[int, DraftProposal]:
+        self._ahead = True  # the engine never calls the drafter from two threads at once
+        try:
+            return super().propose_ahead(requests, assumed)
+        finally:
+            self._ahead = False
 
     def extend(self, seq_id: int, token_ids: list[int]) -> None:
         m = self._seqs[seq_id]
@@ -234,9 +244,12 @@ class RemoteDrafter(SessionLink, Drafter):
         compute = response.proposals.compute_ns / 1e9
         self.round_trip_s += round_trip
         self.compute_s += compute
-        self.tracer.add(Span("wire", self._wire_track, int(t0 * 1e9), max(0.0, round_trip - compute) * 1e3,
+        wire = max(0.0, round_trip - compute)
+        if not self._ahead:
+            self.critical_wire_s += wire
+        self.tracer.add(Span("wire", self._wire_track, int(t0 * 1e9), wire * 1e3,
                              args={"round_trip_ms": round_trip * 1e3, "compute_ms": compute * 1e3,
-                                   "sequences": len(requests)}))
+                                   "sequences": len(requests), "ahead": self._ahead}))
         self._backoff = self.backoff_s[0]
         return drafts
 

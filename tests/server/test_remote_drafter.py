@@ -134,6 +134,9 @@ def test_overlapped_drafting_over_the_wire_is_lossless_and_records_wire_spans(
             0 <= sp.dur_ms <= sp.args["round_trip_ms"] and sp.track.role == "wire" for sp in wire)
         ahead = [sp for sp in tracer.spans if sp.name == "draft" and sp.args.get("ahead")]
         assert ahead and all(sp.track == engine._drafter_track for sp in ahead)
+        # the pre-drafts' round trips are marked; the rest is the wire the engine waited for
+        assert sum(sp.args["ahead"] for sp in wire) == len(ahead)
+        assert drafter.critical_wire_s * 1e3 == pytest.approx(sum(sp.dur_ms for sp in wire if not sp.args["ahead"]))
     finally:
         drafter.close()
         served.stop(0)
