@@ -23,9 +23,20 @@ from typing import Callable
 
 from devices import backend_for
 
-# Phases in step order; a run reports only the ones that occurred.
+# Phases in step order; a run reports only the ones that occurred. `wait`: the engine waiting for the
+# drafter's worker after a verify (overlapped drafting).
 PHASES = ("schedule", "draft", "d2h", "serialize", "wire", "deserialize", "h2d", "prefill", "verify",
-          "accept", "rollback", "commit", "emit")
+          "wait", "accept", "rollback", "commit", "emit")
+
+
+def phase_of(name: str, args: dict) -> str:
+    """A span's phase: work done ahead, beside the step's other phases (a pre-draft, its round trip),
+    is a phase of its own, `NAME_ahead`, which does not add to the step's time."""
+    return f"{name}_ahead" if args.get("ahead") else name
+
+
+def is_ahead(phase: str) -> bool:
+    return phase.endswith("_ahead")
 
 
 @dataclass(frozen=True)

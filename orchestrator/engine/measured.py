@@ -151,9 +151,11 @@ class DraftCost:
         self._xx = np.zeros((5, 5))
         self._xy = np.zeros(5)
         self._coef: np.ndarray | None = None
+        self.calls = 0
 
     def record(self, num_seqs: int, num_tokens: int, catch_up: int, seconds: float,
                positions: int | None = None) -> None:
+        self.calls += 1
         x = np.array([1, _positions(num_seqs, num_tokens, positions), num_seqs, num_tokens, catch_up], np.float64)
         w = 1.0 / max(seconds, 1e-5) ** 2
         self._xx = self.decay * self._xx + w * np.outer(x, x)

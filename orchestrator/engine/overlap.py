@@ -29,7 +29,7 @@ from typing import Callable
 from orchestrator.engine.drafter import Drafter, DraftProposal, DraftRequest
 from orchestrator.engine.measured import Recent
 from orchestrator.engine.speculation import CostModel
-from orchestrator.tracing import Tracer, Track
+from orchestrator.tracing import HOST_TRACK, Tracer, Track
 
 
 @dataclass
@@ -69,6 +69,7 @@ FIRM_PROBE_FACTOR = 4
 HIT_DECAY = 0.95  # the hit rate counts recent takes, each older one weighing this much less...
 PRIOR_HIT_RATE = 0.3  # ...shrunk towards this prior, worth PRIOR_HIT_WEIGHT takes
 PRIOR_HIT_WEIGHT = 2.0
+AHEAD_MIN_CALLS = 8  # drafter calls fitted before a pre-draft's time is compared with the fit
 
 
 class OverlapGate:
@@ -163,6 +164,7 @@ class PreDrafter:
         self.drafter, self.tracer, self.track, self.cost = drafter, tracer, track, cost
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetspec-predraft")
         self._future: Future | None = None
+        self._step: int | None = None  # the step that launched it
         self._pending: dict[int, _Ahead] = {}  # launched this step
         self._ready: dict[int, _Ahead] = {}  # finished, waiting for their sequence's next step
         self.stats = OverlapStats()
@@ -228,7 +230,7 @@ class PreDrafter:
             return
         self._pending = {r.seq_id: _Ahead(bases[r.seq_id], list(assumed[r.seq_id])) for r in requests}
         self.stats.launched += len(requests)
-        self._future = self._pool.submit(self._run, requests, assumed, step)
+        self._future, self._step = self._pool.submit(self._run, requests, assumed, step), step
 
     def _run(self, requests, assumed, step) -> tuple[dict[int, DraftProposal], float]:
         t0 = time.perf_counter()
@@ -246,13 +248,16 @@ class PreDrafter:
             return
         t0 = time.perf_counter()
         future, self._future = self._future, None
-        proposals, elapsed = future.result()
+        with self.tracer.span("wait", HOST_TRACK, self._step):  # the part of the pre-draft not hidden
+            proposals, elapsed = future.result()
         waited = time.perf_counter() - t0
         self.stats.exposed_s += waited
         self.gate.record_exposed(waited)
         self.stats.ahead_s += elapsed
         lengths = [len(p.draft_ids) for p in proposals.values() if not p.unavailable]
-        if self.cost is not None and self.cost.draft.measured and any(lengths):
+        # against the drafter's fitted cost once a few calls have told its terms apart (its first, prompt-long
+        # catch-ups leave the per-token cost near 0 at first: the ratio would read 50x)
+        if self.cost is not None and self.cost.draft.calls >= AHEAD_MIN_CALLS and any(lengths):
             alone = self.cost.draft(len(lengths), sum(lengths), 0, 0.0, max(lengths))
             if alone > 0:
                 self.gate.ahead_ratio.add(elapsed / alone)

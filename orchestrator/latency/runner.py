@@ -19,6 +19,7 @@ from orchestrator.tracing import Tracer
 
 SCHEMA = "hetspec.profile.run/1"
 BASELINE = "target-only"
+OVERLAP_COUNTS = ("launched", "hits", "misses", "ahead_s", "exposed_s")  # `overlap.OverlapStats`, per request
 
 
 @dataclass
@@ -56,9 +57,12 @@ def run_request(side: Side, prompt_ids: list[int], params: SamplingParams, index
     """One request through one side -> its timings, statistics and raw spans."""
     tracer = side.engine.tracer
     tracer.clear()
+    ahead = side.engine.overlap  # overlapped drafting: its counters over this request
+    before = ahead.stats.to_dict() if ahead is not None else {}
     t0 = time.perf_counter_ns()
     seq = side.engine.generate(prompt_ids, params)
     wall_ms = (time.perf_counter_ns() - t0) / 1e6
+    after = ahead.stats.to_dict() if ahead is not None else {}
     n = len(seq.output_ids)
     first, finish = seq.first_token_s or seq.arrival_s, seq.finish_s or seq.arrival_s
     return {
@@ -73,6 +77,7 @@ def run_request(side: Side, prompt_ids: list[int], params: SamplingParams, index
         "stats": seq.stats.to_dict(),
         "output_ids": list(seq.output_ids),
         "spans": [s.to_dict() for s in tracer.clear()],
+        "overlap": {key: after[key] - before[key] for key in OVERLAP_COUNTS} if ahead is not None else None,
     }
 
 

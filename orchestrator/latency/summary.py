@@ -5,7 +5,9 @@ length k and cost ratio c:
     speedup <= (1 - α^(k+1)) / ((1 - α) (k c + 1))
 α is measured as accepted / (accepted + rejected) draft tokens (the per-token acceptance
 probability under the i.i.d. model: every step ends at its first rejection, or accepts all).
-c = (draft + transfer time per draft token) / (baseline target time per decoded token).
+c = (draft + transfer time per draft token) / (baseline target time per decoded token); with
+overlapped drafting only what the engine waited for counts (fresh drafts, the `wait` for a pre-draft
+that outlasted the verify), not the pre-drafts the verify hid.
 The bound assumes a verify over k + 1 positions costs one target step. We also report it
 with the measured verify cost v (a speculative step's time outside drafting and transfer ÷
 the baseline step): (1 - α^(k+1)) / ((1 - α)(k c + v)); the gap between the two bounds is
@@ -16,8 +18,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from orchestrator.latency.runner import BASELINE
-from orchestrator.tracing import PHASES
+from orchestrator.latency.runner import BASELINE, OVERLAP_COUNTS
+from orchestrator.tracing import PHASES, is_ahead, phase_of
 
 TRANSFER_PHASES = ("d2h", "serialize", "wire", "deserialize", "h2d")
 PERCENTILES = (50, 90, 99)
@@ -39,13 +41,15 @@ def percentiles(values: list[float]) -> dict:
 
 
 def phase_stats(requests: list[dict]) -> dict:
-    """Per phase that occurred: per-step time percentiles, total, count, and totals per track."""
+    """Per phase that occurred: per-step time percentiles, total, count, and totals per track. Work done
+    ahead (`draft_ahead`, `wire_ahead`: overlapped drafting) is a phase apart: it ran beside the others."""
     per_step: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
     by_track: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for r in requests:
         for s in r["spans"]:
-            per_step[s["name"]][(r["prompt_index"], s.get("step"))] += s["dur_ms"]
-            by_track[s["name"]][f"{s['device']} {s['role']}"] += s["dur_ms"]
+            phase = phase_of(s["name"], s.get("args", {}))
+            per_step[phase][(r["prompt_index"], s.get("step"))] += s["dur_ms"]
+            by_track[phase][f"{s['device']} {s['role']}"] += s["dur_ms"]
     order = [p for p in PHASES if p in per_step] + sorted(set(per_step) - set(PHASES))
     return {name: {"total_ms": sum(per_step[name].values()), "num_steps": len(per_step[name]),
                    "per_step_ms": percentiles(list(per_step[name].values())),
@@ -91,7 +95,7 @@ def side_summary(side: dict) -> dict:
     wall_ms = sum(r["wall_ms"] for r in reqs)
     decode_ms = sum(r["wall_ms"] - r["ttft_ms"] for r in reqs)
     decode_tokens = sum(max(0, r["output_tokens"] - 1) for r in reqs)
-    span_ms = sum(s["dur_ms"] for r in reqs for s in r["spans"])
+    span_ms = sum(s["dur_ms"] for r in reqs for s in r["spans"] if not s.get("args", {}).get("ahead"))
     phases = phase_stats(reqs)
     return {
         "num_requests": len(reqs),
@@ -105,7 +109,21 @@ def side_summary(side: dict) -> dict:
         "tpot_ms_per_request": percentiles([r["tpot_ms"] for r in reqs if r["tpot_ms"] is not None]),
         "phases": phases,
         "acceptance": acceptance(reqs) if side["k"] else None,
+        "overlap": overlap(reqs),
     }
+
+
+def overlap(requests: list[dict]) -> dict | None:
+    """Overlapped drafting over the side's requests: pre-drafts launched, hits, the hit rate, the
+    worker's time and how much of it the engine waited for (the rest was hidden by the verify)."""
+    counts = [r["overlap"] for r in requests if r.get("overlap")]
+    if not counts:
+        return None
+    total = {key: sum(c[key] for c in counts) for key in OVERLAP_COUNTS}
+    judged = total["hits"] + total["misses"]
+    return {"launched": total["launched"], "hits": total["hits"], "misses": total["misses"],
+            "hit_rate": total["hits"] / judged if judged else 0.0, "ahead_ms": total["ahead_s"] * 1e3,
+            "waited_ms": total["exposed_s"] * 1e3, "hidden_ms": max(0.0, total["ahead_s"] - total["exposed_s"]) * 1e3}
 
 
 def predictions(requests: list[dict]) -> dict:
@@ -117,9 +135,11 @@ def predictions(requests: list[dict]) -> dict:
                                                     "drafted": 0})
     for r in requests:
         for s in r["spans"]:
+            args = s.get("args", {})
+            if args.get("ahead"):
+                continue  # beside the step's other spans: the engine paid only its `wait`
             step = steps[(r["prompt_index"], s.get("step"))]
             step["ms"] += s["dur_ms"]
-            args = s.get("args", {})
             if s["name"] in ("draft", "verify"):
                 step[f"{s['name']}_ms"] += s["dur_ms"]
             if s["name"] == "verify" and "expected_tokens" in args:
@@ -155,7 +175,8 @@ def speculation(side: dict, summary: dict, base: dict) -> dict:
     k policy's cost model predicted the steps."""
     acc, phases = summary["acceptance"], summary["phases"]
     num_drafted = sum(acc["drafted_per_position"])
-    draft_ms = phases.get("draft", {}).get("total_ms", 0.0)
+    # drafting on the critical path: drafts made there, and waits for a pre-draft that outlasted the verify
+    draft_ms = sum(phases.get(p, {}).get("total_ms", 0.0) for p in ("draft", "wait"))
     transfer_ms = sum(phases[p]["total_ms"] for p in TRANSFER_PHASES if p in phases)
     target_step_ms = base["tpot_ms"]
     c = (draft_ms + transfer_ms) / num_drafted / target_step_ms if num_drafted and target_step_ms else 0.0
@@ -164,7 +185,8 @@ def speculation(side: dict, summary: dict, base: dict) -> dict:
     bound = leviathan_bound(acc["alpha"], k, c)
     speedup_decode = target_step_ms / summary["tpot_ms"] if summary["tpot_ms"] else 0.0
     # v: a verify step's own cost (all but drafting, transfers and the prefill) in baseline steps
-    verify_ms = sum(st["total_ms"] for p, st in phases.items() if p not in ("draft", "prefill", *TRANSFER_PHASES))
+    verify_ms = sum(st["total_ms"] for p, st in phases.items()
+                    if p not in ("draft", "wait", "prefill", *TRANSFER_PHASES) and not is_ahead(p))
     v = verify_ms / acc["num_verify_steps"] / target_step_ms if acc["num_verify_steps"] and target_step_ms else 1.0
     return {
         "k": side["k"],

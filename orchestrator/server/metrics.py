@@ -17,7 +17,7 @@ from collections import defaultdict
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from orchestrator.engine import Engine
-from orchestrator.tracing import Span
+from orchestrator.tracing import Span, is_ahead, phase_of
 
 # 0.1 ms .. ~13 s, doubling: covers a schedule call and a long CPU prefill alike
 _BUCKETS = tuple(1e-4 * 2 ** i for i in range(18))
@@ -83,12 +83,12 @@ class EngineMetrics:
         """One flush = one engine step's spans."""
         per_phase: dict[tuple[str, str, str], float] = defaultdict(float)
         for s in spans:
-            per_phase[(s.name, s.track.device, s.track.role)] += s.dur_ms
+            per_phase[(phase_of(s.name, s.args), s.track.device, s.track.role)] += s.dur_ms
             if s.name == "commit" and "num_draft" in s.args:
                 self._count(s.args["num_draft"], s.args["num_accepted"])
         for (phase, device, role), ms in per_phase.items():
             self.phase_seconds.labels(phase, device, role).observe(ms / 1e3)
-        self.step_seconds.observe(sum(per_phase.values()) / 1e3)
+        self.step_seconds.observe(sum(ms for (phase, _, _), ms in per_phase.items() if not is_ahead(phase)) / 1e3)
 
     def _count(self, num_draft: int, num_accepted: int) -> None:
         self.verify_steps.inc()

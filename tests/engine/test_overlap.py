@@ -144,7 +144,7 @@ def test_the_gate_counts_the_mean_slowdown_and_the_wait_for_the_worker():
 
 def test_the_predrafter_hands_the_cost_model_its_gate_and_measures_how_long_predrafts_run():
     cost = CostModel(8)
-    for tokens in (2, 4, 6):  # the drafter measured on its own: 0.01 s per draft token
+    for tokens in (2, 4, 6, 2, 4, 6, 2):  # the drafter measured on its own: 0.01 s per draft token
         cost.record_draft(1, tokens, 0, 0.01 * tokens)
     drafter = NgramDrafter()
     drafter.start(0, PROMPT)
@@ -152,9 +152,14 @@ def test_the_predrafter_hands_the_cost_model_its_gate_and_measures_how_long_pred
     assert cost.ahead is ahead.gate and ahead.gate.ahead_factor == 1.0  # before any pre-draft
     ahead.launch([DraftRequest(0, 3)], {0: len(PROMPT)}, {0: [3, 4]}, step=0)
     ahead.wait()
+    assert not ahead.gate.ahead_ratio.samples  # 7 calls fitted: too few to compare with
+    cost.record_draft(1, 4, 0, 0.04)
+    first = ahead.stats.ahead_s
+    ahead.launch([DraftRequest(0, 3)], {0: len(PROMPT)}, {0: [3, 4]}, step=1)
+    ahead.wait()
     drafted = len(ahead._ready[0].proposal.draft_ids)
     assert drafted == 3
-    assert ahead.gate.ahead_factor == pytest.approx(ahead.stats.ahead_s / cost.draft(1, drafted, 0, 0.0, drafted))
+    assert ahead.gate.ahead_factor == pytest.approx((ahead.stats.ahead_s - first) / cost.draft(1, drafted, 0, 0.0, drafted))
     ahead.close()
 
 

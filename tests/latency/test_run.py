@@ -161,3 +161,31 @@ def test_cli_compare_and_one_line_errors(run_dir, tmp_path):
     bad = _cli("run", "--workload", str(tmp_path / "w.jsonl"), "--out", str(tmp_path / "o"))
     assert bad.returncode == 1 and "w.jsonl line 2: field 'prompt'" in bad.stderr
     assert _cli("run", "--sweep", "k=x").returncode == 1
+
+
+def test_an_overlapped_run_reports_hits_and_counts_only_the_drafting_it_waited_for(tmp_path):
+    """A profile with `overlap`: pre-drafts are their own phase (`draft_ahead`, beside the verify), the
+    engine's waits for them are `wait`; the report gives hits and hidden time, matching the engine.
+    No warm-up: the overlap gate's first steps draft ahead every other step, whatever it then measures."""
+    name, prompts = load_workload("grounded")
+    run = run_profile(EngineConfig(overlap=True), "cpu", (name, prompts[:2]), [3], max_new_tokens=24,
+                      progress=False, warmup=0)
+    write_outputs(run, tmp_path, headline="k=3")
+    side = next(s for s in run["sides"] if s["name"] == "k=3")
+    for r in side["requests"]:
+        assert r["output_ids"] == run["sides"][0]["requests"][r["prompt_index"]]["output_ids"]
+        ahead = [s for s in r["spans"] if s["name"] == "draft" and s.get("args", {}).get("ahead")]
+        waits = [s for s in r["spans"] if s["name"] == "wait"]
+        assert len(ahead) == len(waits) == r["overlap"]["launched"]
+        assert r["overlap"]["hits"] == r["stats"]["steps_predrafted"]
+        # the spans the engine ran one after another still add up to the wall time
+        span_ms = sum(s["dur_ms"] for s in r["spans"] if not s.get("args", {}).get("ahead"))
+        assert 0.95 * r["wall_ms"] <= span_ms <= r["wall_ms"]
+    sm = side["summary"]
+    assert sm["phases"]["draft_ahead"]["by_track_ms"].keys() == sm["phases"]["draft"]["by_track_ms"].keys()
+    ov = sm["overlap"]
+    assert ov["launched"] == sum(r["overlap"]["launched"] for r in side["requests"]) >= 3
+    assert ov["hidden_ms"] + ov["waited_ms"] == pytest.approx(ov["ahead_ms"])
+    report = (tmp_path / "report.md").read_text()
+    assert "## Overlapped drafting" in report and f"| k=3 | {ov['launched']} | {ov['hits']} |" in report
+    assert run["sides"][0]["summary"]["overlap"] is None or run["sides"][0]["summary"]["overlap"]["launched"] == 0

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from orchestrator.latency.summary import acceptance, leviathan_bound, phase_stats
+from orchestrator.latency.summary import acceptance, leviathan_bound, overlap, phase_stats, predictions, speculation
 
 
 @pytest.mark.parametrize("alpha, k, c, expected", [
@@ -57,3 +57,31 @@ def test_bound_with_measured_verify_cost():
     # verify costing 1.5 target steps: the denominator becomes k c + 1.5
     assert math.isclose(leviathan_bound(0.5, 2, 0.1, v=1.5), 1.75 / 1.7, rel_tol=1e-12)
     assert leviathan_bound(0.7, 4, 0.1, v=1.5) < leviathan_bound(0.7, 4, 0.1)
+
+
+def test_overlapped_drafting_is_a_phase_apart_and_only_its_wait_costs_the_step():
+    """Hand-made: a step that drafted ahead for 30 ms beside a 40 ms verify and waited 2 ms for it,
+    then a step whose pre-draft hit (no draft of its own). The pre-draft is `draft_ahead`; the steps'
+    realised time and the side's drafting cost count the wait, not the hidden 28 ms."""
+    def span(name, step, ms, role="target", **args):
+        return {"name": name, "device": "cpu", "role": role, "start_ns": 0, "dur_ms": ms, "step": step,
+                "args": args}
+
+    spans = [span("draft", 1, 10.0, "drafter"), span("verify", 1, 40.0), span("draft", 1, 30.0, "drafter", ahead=True),
+             span("wait", 1, 2.0, "host"), _commit(1, 3, 3),
+             span("verify", 2, 40.0, expected_tokens=4.0, expected_ms=45.0), _commit(2, 3, 1)]
+    spans[1]["args"] = {"expected_tokens": 3.5, "expected_ms": 50.0}
+    reqs = [{"prompt_index": 0, "spans": spans,
+             "overlap": {"launched": 2, "hits": 1, "misses": 0, "ahead_s": 0.030, "exposed_s": 0.002}}]
+    stats = phase_stats(reqs)
+    assert stats["draft"]["total_ms"] == 10.0 and stats["draft_ahead"]["total_ms"] == 30.0
+    assert stats["wait"]["by_track_ms"] == {"cpu host": 2.0}
+    p = predictions(reqs)
+    assert p["num_steps"] == 2 and p["realised_ms_per_step"] == pytest.approx((10 + 40 + 2 + 0.1 + 40 + 0.1) / 2)
+    assert overlap(reqs) == {"launched": 2, "hits": 1, "misses": 0, "hit_rate": 1.0, "ahead_ms": 30.0,
+                             "waited_ms": 2.0, "hidden_ms": pytest.approx(28.0)}
+    side = {"k": 3, "requests": reqs}
+    summary = {"acceptance": acceptance(reqs), "phases": stats, "tokens_per_s": 1.0, "tpot_ms": 10.0}
+    spec = speculation(side, summary, {"tpot_ms": 50.0, "tokens_per_s": 1.0})
+    assert spec["c"] == pytest.approx((10.0 + 2.0) / 6 / 50.0)  # 6 drafts: the fresh draft and the wait
+    assert spec["verify_cost"] == pytest.approx((40 + 40 + 0.2) / 2 / 50.0)

@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from orchestrator.assemble import build_engine
 from orchestrator.config import EngineConfig, SamplingParams
 from orchestrator.server.metrics import EngineMetrics
-from orchestrator.tracing import Tracer
+from orchestrator.tracing import HOST_TRACK, Span, Tracer, Track
 
 
 def scrape(registry) -> dict[tuple, float]:
@@ -81,3 +81,16 @@ def test_the_shipped_grafana_dashboard_reads_only_metrics_the_server_exports(eng
     used = {m for e in exprs for m in re.findall(r"([a-z_:]+_?[a-z_:]*)(?=\{|\[)", e) if ":" in m or m.startswith("hetspec")}
     assert len(exprs) >= 7 and len(used) >= 8
     assert used <= exported, used - exported
+
+
+def test_a_predraft_is_its_own_phase_and_not_part_of_the_step(engine):
+    """Hand-made spans of one overlapped step: the pre-draft ran beside the verify, so the step took
+    the verify and the wait, not their sum with the pre-draft."""
+    metrics = EngineMetrics(engine)
+    drafter, target = Track("cpu", "drafter"), Track("cpu", "target")
+    metrics.observe_step([Span("verify", target, 0, 40.0, 1), Span("draft", drafter, 0, 30.0, 1, args={"ahead": True}),
+                          Span("wait", HOST_TRACK, 0, 2.0, 1)])
+    m = scrape(metrics.registry)
+    assert m[("hetspec_step_seconds_sum", ())] == pytest.approx(0.042)
+    ahead = (("device", "cpu"), ("phase", "draft_ahead"), ("role", "drafter"))
+    assert m[("hetspec_phase_seconds_sum", ahead)] == pytest.approx(0.030)
