@@ -184,13 +184,14 @@ def remote_part(name: str, target, tokenizer, ckpt, args, prompts_ids: list, ref
             result[side].update(round_trips=remote.num_batches, wire_ms_per_round_trip=round(
                 1e3 * (remote.round_trip_s - remote.compute_s) / max(1, remote.num_batches), 3),
                 critical_wire_ms_per_step=round(1e3 * remote.critical_wire_s / result[side]["num_steps"], 3))
-            remote.close()
-        trips = sum(result[side]["round_trips"] for side in remotes)
-        result["wire_ms_per_round_trip"] = round(sum(result[side]["wire_ms_per_round_trip"] * result[side]["round_trips"]
-                                                     for side in remotes) / max(1, trips), 3)  # both sessions
+        wire_s = sum(remote.round_trip_s - remote.compute_s for remote in remotes.values())  # both sessions
+        trips = sum(remote.num_batches for remote in remotes.values())
+        result["wire_ms_per_round_trip"] = round(1e3 * wire_s / max(1, trips), 3)
         print("  remote overhead on the critical path per step: " + ", ".join(
             f"{side} {result[side]['critical_wire_ms_per_step']:.2f} ms ({result[side]['round_trips']} round trips, "
             f"{result[side]['wire_ms_per_round_trip']:.2f} ms wire each)" for side in remotes), flush=True)
+        for remote in remotes.values():
+            remote.close()
         return result
     finally:
         proc.terminate()
