@@ -386,3 +386,20 @@ def test_break_even_drafting_ahead_counts_only_the_draft_time_the_engine_pays():
     drafted = sum(plan.ks.values())
     assert plan.overlapped and drafted >= 2
     assert m.break_even(plan) == pytest.approx(0.14 * plan.expected_tokens / plan.expected_s, rel=1e-3)
+
+
+def test_before_any_drafter_call_catching_up_is_not_free():
+    """Verify 1 + 0.02 per token, nothing measured of the drafter (a batched one: 0.1 per position
+    before any call, 0.03 per catch-up token). 16 sequences 48 tokens from the end: drafting one
+    token each gains 16 x 0.6 tokens; with nothing to catch up that pays (25.6 / (V(32) 1.62 + 0.1) =
+    14.9 > 16 / V(16) 1.30 = 12.3 tokens per unit). With 44 prompt tokens each to catch up first,
+    spread over the 30 steps a sequence has left (48 / 1.6): 16 x 1.47 x 0.03 = 0.70 more: 10.6, so no
+    sequence starts (alone: 16.6 / (1.32 + 0.1 + 0.044) = 11.3, also below)."""
+    m = CostModel(8, batched_drafter=True)
+    for n, seconds in linear(1.0, 0.02, up_to=160).items():
+        m.record_forward(n, seconds)
+    assert not m.draft.measured
+    caught_up = [decoding(i, lag=1, remaining=48) for i in range(16)]
+    assert set(m.plan(caught_up).ks.values()) != {0}
+    behind = [decoding(i, lag=45, remaining=48) for i in range(16)]
+    assert set(m.plan(behind).ks.values()) == {0}
