@@ -141,9 +141,9 @@ class DraftCost:
     sat out, or its prompt). One-sequence calls cannot tell per call from per sequence, nor a position
     from a token: a weighted ridge reads them the way the drafter runs (`batched`: per call and
     position; else per sequence and token) until other shapes tell. Before any call, `prior` seconds
-    per draft token (per position, batched) and `PRIOR_CATCH_UP_SHARE` of that per catch-up token (free,
-    a fresh engine at 16 streams once started every sequence at once and paid 1.3 s of catch-ups for a
-    step it expected to take 77 ms). The fit minimises relative error (each call weighted by
+    per draft token (per position, batched) and `PRIOR_CATCH_UP_SHARE` of that per catch-up token (when
+    catch-ups were free before any call, a fresh engine at 16 streams started every sequence at once and
+    paid 1.3 s of catch-ups for a step it expected to take 77 ms). The fit minimises relative error (each call weighted by
     1 / seconds^2): a sequence's first draft, catching up its whole prompt, takes seconds where a
     step's drafts take milliseconds, and in absolute terms would decide the fit alone. A call that
     stalled (a busy host) weighs as little, so it barely moves the fit."""

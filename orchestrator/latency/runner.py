@@ -3,7 +3,7 @@ interleaved prompt by prompt (this kind of machine drifts over minutes), spans o
 
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 
 from tqdm import tqdm
@@ -11,6 +11,7 @@ from tqdm import tqdm
 from orchestrator.assemble import assemble
 from orchestrator.config import EngineConfig, SamplingParams
 from orchestrator.engine import Engine
+from orchestrator.engine.overlap import OverlapStats
 from orchestrator.errors import HetspecError
 from orchestrator.latency.environment import environment
 from orchestrator.latency.workloads import WorkloadPrompt
@@ -19,7 +20,7 @@ from orchestrator.tracing import Tracer
 
 SCHEMA = "hetspec.profile.run/1"
 BASELINE = "target-only"
-OVERLAP_COUNTS = ("launched", "hits", "misses", "ahead_s", "exposed_s")  # `overlap.OverlapStats`, per request
+OVERLAP_COUNTS = tuple(f.name for f in fields(OverlapStats))  # kept per request
 
 
 @dataclass

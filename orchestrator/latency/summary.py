@@ -18,6 +18,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from orchestrator.engine.overlap import OverlapStats
 from orchestrator.latency.runner import BASELINE, OVERLAP_COUNTS
 from orchestrator.tracing import PHASES, is_ahead, phase_of
 
@@ -119,11 +120,9 @@ def overlap(requests: list[dict]) -> dict | None:
     counts = [r["overlap"] for r in requests if r.get("overlap")]
     if not counts:
         return None
-    total = {key: sum(c[key] for c in counts) for key in OVERLAP_COUNTS}
-    judged = total["hits"] + total["misses"]
-    return {"launched": total["launched"], "hits": total["hits"], "misses": total["misses"],
-            "hit_rate": total["hits"] / judged if judged else 0.0, "ahead_ms": total["ahead_s"] * 1e3,
-            "waited_ms": total["exposed_s"] * 1e3, "hidden_ms": max(0.0, total["ahead_s"] - total["exposed_s"]) * 1e3}
+    s = OverlapStats(**{key: sum(c[key] for c in counts) for key in OVERLAP_COUNTS})
+    return {"launched": s.launched, "hits": s.hits, "misses": s.misses, "hit_rate": s.hit_rate,
+            "ahead_ms": s.ahead_s * 1e3, "waited_ms": s.exposed_s * 1e3, "hidden_ms": s.hidden_s * 1e3}
 
 
 def predictions(requests: list[dict]) -> dict:
