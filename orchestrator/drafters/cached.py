@@ -7,12 +7,13 @@ with the committed tokens, always leaving at least one committed token to run, s
 logits give the first draft.
 """
 
+import time
 from abc import abstractmethod
 from dataclasses import dataclass, field
 
 import torch
 
-from orchestrator.engine import Drafter, DraftProposal, DraftRequest
+from orchestrator.engine import CatchUp, Drafter, DraftProposal, DraftRequest
 from orchestrator.engine.sampling import logits_to_probs, sample
 from orchestrator.errors import InvalidRequestError
 
@@ -77,7 +78,7 @@ class CachedDrafter(Drafter):
             if k > 0:
                 self._sync_cache(r.seq_id, seq)
                 drafting.append(_Drafting(r, self._opened(r.seq_id, seq), k))
-        feeds = [(d, d.seq.committed_ids[len(d.seq.cached_ids):]) for d in drafting]
+        feeds = self._catch_up([(d, d.seq.committed_ids[len(d.seq.cached_ids):]) for d in drafting])
         while feeds:
             items = [(d.request.seq_id, d.seq, new_ids) for d, new_ids in feeds]
             logits = self._run_batch(items)  # one [vocab] per item
@@ -89,6 +90,21 @@ class CachedDrafter(Drafter):
         proposals = {r.seq_id: DraftProposal(draft_ids=[]) for r in requests}
         proposals.update((d.request.seq_id, d.proposal()) for d in drafting)
         return proposals
+
+    def _catch_up(self, feeds: list[tuple["_Drafting", list[int]]]) -> list[tuple["_Drafting", list[int]]]:
+        """Run the committed tokens a sequence has not run (its prompt, the steps it sat out) in a chunk
+        of their own, timed (`last_catch_up`): the newest token joins the step's first run. Two tokens
+        (a full accept's last draft and bonus token) are ordinary drafting and stay together."""
+        chunks = [(d.request.seq_id, d.seq, new_ids[:-1]) for d, new_ids in feeds if len(new_ids) > 2]
+        self.last_catch_up = CatchUp(0.0, 0)
+        if not chunks:
+            return feeds
+        t0 = time.perf_counter()
+        self._run_batch(chunks)  # logits unused: the newest token's come with the first draft
+        self.last_catch_up = CatchUp(time.perf_counter() - t0, sum(len(ids) for _, _, ids in chunks))
+        for _, seq, ids in chunks:
+            seq.cached_ids.extend(ids)
+        return [(d, new_ids[-1:] if len(new_ids) > 2 else new_ids) for d, new_ids in feeds]
 
     def _run_batch(self, items: list[tuple[int, CachedSequence, list[int]]]) -> list[torch.Tensor]:
         """Run each item's new tokens on its cache; float32 logits at each item's last token.

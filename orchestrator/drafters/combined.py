@@ -21,7 +21,7 @@ model drafter pays for every position it drafts and a lookup almost nothing.
 import time
 from dataclasses import replace
 
-from orchestrator.engine import Drafter, DrafterStatus, DraftProposal, DraftRequest
+from orchestrator.engine import CatchUp, Drafter, DrafterStatus, DraftProposal, DraftRequest
 from orchestrator.engine.measured import Acceptance, Recent
 
 PRIOR_ACCEPTANCE = 0.5  # a drafter's acceptance per position before it is measured
@@ -98,6 +98,7 @@ class CombinedDrafter(Drafter):
     def propose_batch(self, requests: list[DraftRequest]) -> dict[int, DraftProposal]:
         out: dict[int, DraftProposal] = {}
         pending = list(requests)
+        catch_ups = []
         for i, drafter in enumerate(self.drafters):
             if not pending:
                 break
@@ -105,6 +106,7 @@ class CombinedDrafter(Drafter):
             asked = [replace(r, k=self.best(i, r.k, r.seq_id, r.step_s)[0]) for r in pending]
             t0 = time.perf_counter()
             proposals = drafter.propose_batch(asked)
+            catch_ups.append(drafter.last_catch_up)
             positions = max((len(p.draft_ids) for p in proposals.values()), default=0)
             if positions:
                 self.cost[i].add((time.perf_counter() - t0) / positions / len(asked))
@@ -121,6 +123,9 @@ class CombinedDrafter(Drafter):
                 else:
                     rest.append(r)
             pending = rest
+        # each drafter catches up the same committed tokens: their seconds add up, their tokens do not
+        self.last_catch_up = None if None in catch_ups else \
+            CatchUp(sum(c.seconds for c in catch_ups), max((c.tokens for c in catch_ups), default=0))
         return out
 
     def extend(self, seq_id: int, token_ids: list[int]) -> None:

@@ -72,6 +72,10 @@ class KvHandoffDrafter(Drafter):
                 generator: torch.Generator | None = None, min_confidence: float = 0.0) -> DraftProposal:
         return self.inner.propose(seq_id, k, temperature, top_k, top_p, generator, min_confidence)
 
+    @property
+    def last_catch_up(self):
+        return self.inner.last_catch_up
+
     def extend(self, seq_id: int, token_ids: list[int]) -> None:
         self.inner.extend(seq_id, token_ids)
 

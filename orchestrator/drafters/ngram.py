@@ -1,6 +1,6 @@
 """Model-free drafter: prompt lookup over the sequence's own tokens (n-gram matching)."""
 
-from orchestrator.engine import Drafter, DraftProposal
+from orchestrator.engine import CatchUp, Drafter, DraftProposal
 
 
 class NgramDrafter(Drafter):
@@ -11,6 +11,7 @@ class NgramDrafter(Drafter):
     """
 
     name = "ngram"
+    last_catch_up = CatchUp(0.0, 0)  # no model: nothing to catch up when drafting
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:

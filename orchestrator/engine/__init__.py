@@ -13,9 +13,9 @@ recomputed), `detok`
 and the block protocol (for swapping); it knows no drafter kind, no profile and no service.
 """
 
-from orchestrator.engine.drafter import Drafter, DrafterStatus, DraftProposal, DraftRequest
+from orchestrator.engine.drafter import CatchUp, Drafter, DrafterStatus, DraftProposal, DraftRequest
 from orchestrator.engine.engine import Engine, StepOutput
 from orchestrator.engine.sequence import Sequence, SpecStats, Status
 
-__all__ = ["Drafter", "DraftProposal", "DraftRequest", "DrafterStatus", "Engine", "Sequence", "SpecStats", "Status",
+__all__ = ["CatchUp", "Drafter", "DraftProposal", "DraftRequest", "DrafterStatus", "Engine", "Sequence", "SpecStats", "Status",
            "StepOutput"]

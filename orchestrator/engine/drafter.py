@@ -2,6 +2,7 @@
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -42,6 +43,13 @@ class DraftRequest:
     step_s: float = 0.0
 
 
+class CatchUp(NamedTuple):
+    """What a propose spent running committed tokens it had not run, apart from its drafts: the cost
+    model then needs not disentangle catch-up from drafting in the call's time."""
+    seconds: float
+    tokens: int
+
+
 @dataclass(frozen=True)
 class DrafterStatus:
     """What a server's status call reports about the drafter."""
@@ -73,6 +81,9 @@ class Drafter(ABC):
     # True where the drafter reads the target's last-layer hidden states (an MTP drafter): the engine
     # hands it those of every newly committed position as a HIDDEN_STATE block (`accept_hidden`)
     reads_hidden: bool = False
+    # the last `propose_batch`'s catch-up runs, timed apart; None where the drafter cannot tell (its cost
+    # model then fits catch-up tokens and drafts together from the calls' times)
+    last_catch_up: CatchUp | None = None
 
     @abstractmethod
     def start(self, seq_id: int, prompt_ids: list[int]) -> None: ...

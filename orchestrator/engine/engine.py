@@ -187,7 +187,8 @@ class Engine:
             self.overlap.gate.fresh_s.add(elapsed / len(requests))
         catch_up = sum(self._drafter_lag(self.sequences[r.seq_id]) - 1 for r in requests)
         lengths = [len(drafts[r.seq_id].draft_ids) for r in requests]
-        self.policy.cost.record_draft(len(requests), sum(lengths), catch_up, elapsed, positions=max(lengths))
+        self.policy.cost.record_draft(len(requests), sum(lengths), catch_up, elapsed, max(lengths),
+                                      self.drafter.last_catch_up)
         for r in requests:
             seq = self.sequences[r.seq_id]
             seq.stats.time_draft_s += elapsed

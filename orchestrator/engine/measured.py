@@ -8,10 +8,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from orchestrator.engine.drafter import CatchUp
+
 PRIOR_VERIFY_SLOPE = 0.05  # unmeasured V(n) = V(1) * (1 + slope * (n - 1))
 # before any drafter call, a token to catch up costs this share of a draft token's prior (run in one
 # chunk: 0.25-0.33 measured for the INT4 ONNX drafter here, 16 prompts at once and one at a time)
 PRIOR_CATCH_UP_SHARE = 0.3
+# a batched drafter's one-row calls, until calls of several rows tell: this share is per row, the rest per
+# run (the INT4 ONNX drafter on a 2-core Xeon: 7 ms a run + 2.6 ms a row, per position; 16 rows cost 5x one)
+BATCHED_ROW_SHARE = 0.25
 
 
 class Recent:
@@ -139,28 +144,43 @@ class DraftCost:
     sequences (`a`, `o` per call), each row adding `b`; `s` is the per-sequence cost (all of it for a
     drafter that drafts one sequence at a time), `c` a token to catch up (committed while the sequence
     sat out, or its prompt). One-sequence calls cannot tell per call from per sequence, nor a position
-    from a token: a weighted ridge reads them the way the drafter runs (`batched`: per call and
-    position; else per sequence and token) until other shapes tell. Before any call, `prior` seconds
-    per draft token (per position, batched) and `PRIOR_CATCH_UP_SHARE` of that per catch-up token (when
+    from a token: a weighted ridge reads them the way the drafter runs until other shapes tell: per
+    sequence and token; batched, `BATCHED_ROW_SHARE` of a one-row call per row and position, the rest per
+    call and position (read all per call, a probe of one row priced 16 rows at a fifth of what they
+    take). Before any call, `prior` seconds per draft token (per position and row as the fit reads a
+    one-row call, batched) and `PRIOR_CATCH_UP_SHARE` of that per catch-up token (when
     catch-ups were free before any call, a fresh engine at 16 streams started every sequence at once and
     paid 1.3 s of catch-ups for a step it expected to take 77 ms). The fit minimises relative error (each call weighted by
     1 / seconds^2): a sequence's first draft, catching up its whole prompt, takes seconds where a
     step's drafts take milliseconds, and in absolute terms would decide the fit alone. A call that
-    stalled (a busy host) weighs as little, so it barely moves the fit."""
+    stalled (a busy host) weighs as little, so it barely moves the fit.
+
+    A drafter that times its catch-up runs apart (`Drafter.last_catch_up`) leaves nothing to
+    disentangle: the call less its catch-up fits the drafting terms, and c is the catch-ups' seconds
+    per token (decayed). Fitted together, one probe (a sequence catching up 40 tokens to draft one)
+    put all of its time on c and made drafting look free: the next wave of 16 sequences all drafted."""
 
     def __init__(self, batched: bool = False, decay: float = 0.97, ridge: float = 1e-6):
         self.batched = batched
         self.decay = decay
-        # ridge weights on (o, a, s, b, c): the terms the drafter's shape does not expect pay 1000x
-        self._penalty = ridge * np.array([1, 1, 1e3, 1e3, 1] if batched else [1e3, 1e3, 1, 1, 1], np.float64)
+        # ridge weights on (o, a, s, b, c): the terms the drafter's shape does not expect pay 1000x; a
+        # batched drafter's one-row calls split by their ratio (weights w give terms shares 1 / w)
+        row = (1 - BATCHED_ROW_SHARE) / BATCHED_ROW_SHARE
+        self._penalty = ridge * np.array([1, 1, row, row, 1] if batched else [1e3, 1e3, 1, 1, 1], np.float64)
         self._xx = np.zeros((5, 5))
         self._xy = np.zeros(5)
         self._coef: np.ndarray | None = None
         self.calls = 0
+        self._timed: list[float] | None = None  # [seconds, tokens] of timed catch-ups (decayed)
 
     def record(self, num_seqs: int, num_tokens: int, catch_up: int, seconds: float,
-               positions: int | None = None) -> None:
+               positions: int | None = None, timed: CatchUp | None = None) -> None:
         self.calls += 1
+        if timed is not None:  # the drafter timed its catch-ups: they leave the fit
+            t = self._timed or [0.0, 0.0]
+            self._timed = [self.decay * t[0] + timed.seconds, self.decay * t[1] + timed.tokens] \
+                if timed.tokens else t
+            seconds, catch_up = max(seconds - timed.seconds, 1e-5), 0
         x = np.array([1, _positions(num_seqs, num_tokens, positions), num_seqs, num_tokens, catch_up], np.float64)
         w = 1.0 / max(seconds, 1e-5) ** 2
         self._xx = self.decay * self._xx + w * np.outer(x, x)
@@ -181,15 +201,17 @@ class DraftCost:
     def measured(self) -> bool:
         return self._coef is not None
 
-    def per_token(self, prior: float) -> float:
-        return float(self._coef[3]) if self._coef is not None else prior
-
     def __call__(self, num_seqs: int, num_tokens: int, catch_up: int, prior: float,
                  positions: int | None = None) -> float:
         positions = _positions(num_seqs, num_tokens, positions)
         if self._coef is None:
-            return prior * ((positions if self.batched else num_tokens) + PRIOR_CATCH_UP_SHARE * catch_up)
+            drafts = (1 - BATCHED_ROW_SHARE) * positions + BATCHED_ROW_SHARE * num_tokens if self.batched \
+                else num_tokens
+            return prior * (drafts + PRIOR_CATCH_UP_SHARE * catch_up)
         o, a, s, b, c = self._coef
+        if self._timed is not None:
+            seconds, tokens = self._timed
+            c = seconds / tokens if tokens else PRIOR_CATCH_UP_SHARE * (a + b)
         return float(o + a * positions + s * num_seqs + b * num_tokens + c * catch_up)
 
 

@@ -32,6 +32,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Protocol
 
+from orchestrator.engine.drafter import CatchUp
 from orchestrator.engine.measured import Acceptance, DraftCost, VerifyCurve
 
 PRIOR_ACCEPTANCE = 0.6  # p(1) before anything is measured; p(j) = prior ** j
@@ -97,10 +98,11 @@ class CostModel:
     # ---- measurements ------------------------------------------------------------------------
 
     def record_draft(self, num_seqs: int, num_tokens: int, catch_up: int, seconds: float,
-                     positions: int | None = None) -> None:
+                     positions: int | None = None, timed: CatchUp | None = None) -> None:
         """A drafter call: `num_tokens` drafts for `num_seqs` sequences (the longest `positions`), after
-        `catch_up` committed tokens it had not run (beyond one per sequence)."""
-        self.draft.record(num_seqs, num_tokens, catch_up, seconds, positions)
+        `catch_up` committed tokens it had not run (beyond one per sequence), of which the drafter timed
+        `timed` apart (None: it cannot tell)."""
+        self.draft.record(num_seqs, num_tokens, catch_up, seconds, positions, timed)
 
     def record_forward(self, num_tokens: int, seconds: float) -> None:
         self.verify.record(num_tokens, seconds)

@@ -98,11 +98,17 @@ class DrafterServicer:
                 for i, r in enumerate(frame.propose.results):
                     self._verify(r, seqs, f"propose.results[{i}]")
                 t0 = time.perf_counter_ns()
-                proposals = [self._propose(r, seqs, f"propose.requests[{i}]")
-                             for i, r in enumerate(frame.propose.requests)]
+                catch_ups = []
+                proposals = []
+                for i, r in enumerate(frame.propose.requests):
+                    proposals.append(self._propose(r, seqs, f"propose.requests[{i}]"))
+                    catch_ups.append(self.drafter.last_catch_up)
                 self._attach_probs(proposals, seqs, packer)
                 reply.proposals.proposals.extend(proposals)
                 reply.proposals.compute_ns = time.perf_counter_ns() - t0
+                if catch_ups and None not in catch_ups:
+                    reply.proposals.catch_up_ns = int(sum(c.seconds for c in catch_ups) * 1e9)
+                    reply.proposals.catch_up_tokens = sum(c.tokens for c in catch_ups)
             elif body == "verify":
                 for i, r in enumerate(frame.verify.results):
                     self._verify(r, seqs, f"verify.results[{i}]")

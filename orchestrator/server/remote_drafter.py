@@ -34,7 +34,7 @@ import torch
 import protocol
 from orchestrator.config import RemoteDrafterConfig
 from orchestrator.drafters import DrafterContext
-from orchestrator.engine import Drafter, DrafterStatus, DraftProposal, DraftRequest
+from orchestrator.engine import CatchUp, Drafter, DrafterStatus, DraftProposal, DraftRequest
 from orchestrator.engine.swap import export_kv
 from orchestrator.models import TargetRunner
 from orchestrator.server.channels import ChannelOptions, token_from_env
@@ -132,6 +132,7 @@ class RemoteDrafter(SessionLink, Drafter):
         return self.propose_batch([DraftRequest(seq_id, k, temperature, top_k, top_p, generator)])[seq_id]
 
     def propose_batch(self, requests: list[DraftRequest]) -> dict[int, DraftProposal]:
+        self.last_catch_up = None  # until an answer says
         if self._session is None:
             self._maybe_reconnect()
         if self._session is not None:
@@ -242,6 +243,9 @@ class RemoteDrafter(SessionLink, Drafter):
         self.num_batches += 1
         round_trip = time.perf_counter() - t0
         compute = response.proposals.compute_ns / 1e9
+        batch = response.proposals
+        self.last_catch_up = CatchUp(batch.catch_up_ns / 1e9, batch.catch_up_tokens) \
+            if batch.HasField("catch_up_ns") and batch.HasField("catch_up_tokens") else None
         self.round_trip_s += round_trip
         self.compute_s += compute
         wire = max(0.0, round_trip - compute)

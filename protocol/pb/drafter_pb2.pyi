@@ -98,12 +98,16 @@ class VerifyBatch(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ...) -> None: ...
 
 class ProposalBatch(_message.Message):
-    __slots__ = ("proposals", "compute_ns")
+    __slots__ = ("proposals", "compute_ns", "catch_up_ns", "catch_up_tokens")
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_NS_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_NS_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     proposals: _containers.RepeatedCompositeFieldContainer[DraftProposal]
     compute_ns: int
-    def __init__(self, proposals: _Optional[_Iterable[_Union[DraftProposal, _Mapping]]] = ..., compute_ns: _Optional[int] = ...) -> None: ...
+    catch_up_ns: int
+    catch_up_tokens: int
+    def __init__(self, proposals: _Optional[_Iterable[_Union[DraftProposal, _Mapping]]] = ..., compute_ns: _Optional[int] = ..., catch_up_ns: _Optional[int] = ..., catch_up_tokens: _Optional[int] = ...) -> None: ...
 
 class DrafterResponse(_message.Message):
     __slots__ = ("protocol_version", "request_id", "proposals", "ack")

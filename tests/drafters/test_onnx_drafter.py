@@ -149,6 +149,27 @@ def test_rollback_equals_fresh_drafter(exact, prompt_ids):
     exact.finish(0)
 
 
+def test_catch_ups_run_apart_and_are_timed(exact, prompt_ids):
+    """Committed tokens the drafter has not run (the prompt, steps the sequence sat out) run in a chunk
+    of their own, timed for the cost model; the newest joins the drafts' first run. A rejection's
+    recovered token, or a full accept's last draft and bonus token, are ordinary drafting."""
+    exact.start(0, prompt_ids)
+    draft_ids = exact.propose(0, 3).draft_ids
+    assert exact.last_catch_up.tokens == len(prompt_ids) - 1 and exact.last_catch_up.seconds > 0
+    exact.extend(0, draft_ids + [13])  # all 3 accepted (the last was never run) and a bonus token
+    draft_ids = exact.propose(0, 3).draft_ids
+    assert exact.last_catch_up == (0.0, 0)
+    exact.extend(0, [draft_ids[0] + 1])  # rejected at once
+    draft_ids = exact.propose(0, 3).draft_ids
+    assert exact.last_catch_up == (0.0, 0)
+    exact.extend(0, [draft_ids[0] + 1, 11, 12, 13, 14])  # rejected, then 4 steps sat out
+    committed = exact.committed_ids(0)
+    draft_ids = exact.propose(0, 4).draft_ids
+    assert exact.last_catch_up.tokens == 4  # 5 not run: the newest starts the drafts
+    assert draft_ids == _fresh_drafts(exact, committed, 4)
+    exact.finish(0)
+
+
 def test_propose_twice_without_extend_repeats(exact, prompt_ids):
     exact.start(0, prompt_ids)
     first = exact.propose(0, 5).draft_ids

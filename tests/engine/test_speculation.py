@@ -2,6 +2,7 @@
 
 import pytest
 
+from orchestrator.engine import CatchUp
 from orchestrator.engine.overlap import OverlapGate
 from orchestrator.engine.speculation import (
     PRIOR_ACCEPTANCE,
@@ -206,12 +207,12 @@ def test_a_batched_drafters_run_per_position_is_shared_by_the_batch():
     assert m.plan([decoding(0)]).ks == {0: 1}
 
 
-@pytest.mark.parametrize("batched, four_rows", [(True, 0.31), (False, 1.24)])
+@pytest.mark.parametrize("batched, four_rows", [(True, 0.5425), (False, 1.24)])
 def test_one_sequence_calls_are_read_the_way_the_drafter_runs(batched, four_rows):
     """Calls that all draft one sequence cannot tell a per-call cost from a per-sequence one, nor a
-    position from a token. Measured: 0.01 s + 0.3 s per token. A batched drafter reads that as a run
-    per position (four rows at one position cost what one does); one that drafts sequence by sequence
-    as per-row cost (four rows cost four times one)."""
+    position from a token. Measured: 0.01 s + 0.3 s per token. A batched drafter reads a quarter of
+    that as per row (four rows at one position: 0.75 x 0.31 + 4 x 0.25 x 0.31 = 0.5425); one that
+    drafts sequence by sequence as all per row (four rows cost four times one)."""
     m = CostModel(8, batched_drafter=batched)
     for _ in range(20):
         for k in (1, 2, 4):
@@ -220,7 +221,7 @@ def test_one_sequence_calls_are_read_the_way_the_drafter_runs(batched, four_rows
     assert m.draft(4, 4, 0, prior=1.0, positions=1) == pytest.approx(four_rows, rel=2e-2)
     for n, seconds in linear(1.0, 0.0).items():
         m.record_forward(n, seconds)
-    # a flat 1 s verify, p = 0.6: four sequences at one position commit 6.4 tokens in 1.31 s (4.9/s)
+    # a flat 1 s verify, p = 0.6: four sequences at one position commit 6.4 tokens in 1.54 s (4.15/s)
     # batched, 2.24 s (2.9/s) row by row, against 4 tokens in 1 s without drafts
     assert set(m.plan([decoding(i) for i in range(4)]).ks.values()) == ({1} if batched else {0})
 
@@ -316,6 +317,41 @@ def test_a_long_catch_up_does_not_decide_the_fit_for_ordinary_steps():
     assert cost(16, 32, 16, 0.0, positions=2) == pytest.approx(0.17, rel=0.1)
 
 
+PROBE_S, PROBE_CATCH_UP = 0.0837, CatchUp(0.0741, 39)  # one row drafts one token after 39 to catch up
+
+
+def test_a_probe_whose_catch_up_is_timed_apart_prices_drafts_at_what_they_took():
+    """The INT4 drafter here: 7 ms a run and 2.6 ms a row per position, 1.9 ms a catch-up token. A probe
+    (one row, one draft, 39 tokens caught up) takes 83.7 ms. Fitted together the catch-up term takes it
+    all and 16 rows drafting cost under 1 ms; timed apart, the 9.6 ms draft is read 3:1 per run : per
+    row (o = a = 3.6 ms, s = b = 1.2 ms): 16 rows at one position 7.2 + 16 x 2.4 = 45.6 ms (48.9
+    measured), a catch-up token 74.1 / 39 = 1.9 ms."""
+    joint, timed = DraftCost(batched=True), DraftCost(batched=True)
+    joint.record(1, 1, 39, PROBE_S, positions=1)
+    timed.record(1, 1, 39, PROBE_S, positions=1, timed=PROBE_CATCH_UP)
+    assert joint(16, 16, 0, 0.0, positions=1) < 0.001
+    assert timed(16, 16, 0, 0.0, positions=1) == pytest.approx(0.0456, rel=1e-3)
+    assert timed(1, 1, 0, 0.0, positions=1) == pytest.approx(PROBE_S - PROBE_CATCH_UP.seconds, rel=1e-3)
+    assert timed(1, 0, 10, 0.0, positions=0) - timed(1, 0, 0, 0.0, positions=0) == pytest.approx(0.019, rel=1e-3)
+
+
+@pytest.mark.parametrize("catch_up, starts", [(None, True), (PROBE_CATCH_UP, False)])
+def test_after_one_probe_a_wave_of_16_starts_drafting_only_if_drafts_look_free(catch_up, starts):
+    """The probe above, then 16 new sequences 44 prompt tokens behind with 48 to generate (30 steps at
+    1.6 tokens: the catch-up is spread over them), verify 0.085 + 0.001 per token (V(16) 0.1 s: 160
+    tokens/s without drafts). Fitted together (c 2.1 ms, drafts ~0): three positions each commit 16 x
+    2.18 = 34.9 tokens in V(64) 0.148 + 16 x 44 x 2.1 ms / 30 = 0.049: 178 tokens/s, so all 16 start
+    (the bench's x16 cell lost this way). Timed apart: the 16 rows' three positions cost 0.091 s and the
+    catch-ups 0.045: 122 tokens/s; one sequence alone 16.6 / (V(17) 0.101 + 0.0096 + 0.0028) = 146: none
+    starts."""
+    m = CostModel(8, batched_drafter=True)
+    for n, seconds in linear(0.085, 0.001, up_to=160).items():
+        m.record_forward(n, seconds)
+    m.record_draft(1, 1, 39, PROBE_S, positions=1, timed=catch_up)
+    wave = m.plan([decoding(i, lag=45, remaining=48) for i in range(16)])
+    assert (set(wave.ks.values()) != {0}) == starts
+
+
 def test_break_even_averages_the_plans_draft_time_over_its_drafts():
     """One token costs 1 s, two to five 1.5 s (a step), six 3 s; drafts 0.01 s each: the plan drafts 4
     (the cap). The next token's own cost (0.01 + V(6) - V(5) = 1.51 s) times the rate would put the
@@ -389,14 +425,15 @@ def test_break_even_drafting_ahead_counts_only_the_draft_time_the_engine_pays():
 
 
 def test_before_any_drafter_call_catching_up_is_not_free():
-    """Verify 1 + 0.02 per token, nothing measured of the drafter (a batched one: 0.1 per position
-    before any call, 0.03 per catch-up token). 16 sequences 48 tokens from the end: drafting one
-    token each gains 16 x 0.6 tokens; with nothing to catch up that pays (25.6 / (V(32) 1.62 + 0.1) =
-    14.9 > 16 / V(16) 1.30 = 12.3 tokens per unit). With 44 prompt tokens each to catch up first,
-    spread over the 30 steps a sequence has left (48 / 1.6): 16 x 1.47 x 0.03 = 0.70 more: 10.6, so no
-    sequence starts (alone: 16.6 / (1.32 + 0.1 + 0.044) = 11.3, also below)."""
+    """Verify 1 + 0.01 per token, nothing measured of the drafter (a batched one: 0.1 per position of
+    one row before any call, a quarter of it per row: 16 rows 0.475; 0.03 per catch-up token). 16
+    sequences 48 tokens from the end: drafting one token each gains 16 x 0.6 tokens; with nothing to
+    catch up that pays (25.6 / (V(32) 1.31 + 0.475) = 14.3 > 16 / V(16) 1.15 = 13.9 tokens per unit).
+    With 44 prompt tokens each to catch up first, spread over the 30 steps a sequence has left
+    (48 / 1.6): 16 x 1.47 x 0.03 = 0.70 more: 10.3, so no sequence starts (alone: 16.6 / (1.16 + 0.1 +
+    0.044) = 12.7, also below)."""
     m = CostModel(8, batched_drafter=True)
-    for n, seconds in linear(1.0, 0.02, up_to=160).items():
+    for n, seconds in linear(1.0, 0.01, up_to=160).items():
         m.record_forward(n, seconds)
     assert not m.draft.measured
     caught_up = [decoding(i, lag=1, remaining=48) for i in range(16)]

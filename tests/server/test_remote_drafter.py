@@ -9,7 +9,7 @@ import torch
 
 from orchestrator.config import SamplingParams
 from orchestrator.drafters.ngram import NgramDrafter
-from orchestrator.engine import Engine
+from orchestrator.engine import DraftRequest, Engine
 from orchestrator.models import TargetRunner, eos_token_ids
 from orchestrator.server import ServerOptions, start_server
 from orchestrator.server.drafter_service import DrafterServicer
@@ -113,6 +113,33 @@ def test_remote_ngram_is_lossless_and_sends_one_propose_frame_per_step(target, s
     finally:
         drafter.close()
         served.stop(0)
+
+
+class Untimed(NgramDrafter):
+    last_catch_up = None  # a drafter that cannot tell its catch-ups from its drafts
+
+
+def test_the_drafters_catch_up_time_comes_back_with_its_proposals(target, smollm2_tokenizer, onnx_drafter):
+    """The engine's cost model prices catch-ups apart from drafts; a remote drafter's come over the wire
+    (nothing where the drafter cannot tell, so the engine fits them together)."""
+    ids = smollm2_tokenizer(PROMPTS3[1]).input_ids
+    for inner, timed in ((onnx_drafter, True), (Untimed(), False)):
+        served = serve(DrafterServicer(inner, vocab_size=target.vocab_size))
+        drafter = RemoteDrafter(f"127.0.0.1:{served.port}", vocab_size=target.vocab_size)
+        try:
+            drafter.start(0, ids)
+            assert drafter.propose_batch([DraftRequest(0, 3)])[0].draft_ids
+            if timed:  # the prompt but its last token, within the drafter's own time
+                assert drafter.last_catch_up.tokens == len(ids) - 1
+                assert 0 < drafter.last_catch_up.seconds < drafter.compute_s
+                drafter.extend(0, [13])
+                drafter.propose_batch([DraftRequest(0, 3)])
+                assert drafter.last_catch_up == (0.0, 0)
+            else:
+                assert drafter.last_catch_up is None
+        finally:
+            drafter.close()
+            served.stop(0)
 
 
 def test_overlapped_drafting_over_the_wire_is_lossless_and_records_wire_spans(
