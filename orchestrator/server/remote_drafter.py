@@ -242,9 +242,10 @@ class RemoteDrafter(SessionLink, Drafter):
         drafts = self._read_proposals(requests, response.proposals)
         self.num_batches += 1
         round_trip = time.perf_counter() - t0
-        compute = response.proposals.compute_ns / 1e9
         batch = response.proposals
-        self.last_catch_up = CatchUp(batch.catch_up_ns / 1e9, batch.catch_up_tokens) \
+        compute = batch.compute_ns / 1e9
+        # never more than the drafter says it computed, whatever its catch-up field holds
+        self.last_catch_up = CatchUp(min(batch.catch_up_ns / 1e9, compute), batch.catch_up_tokens) \
             if batch.HasField("catch_up_ns") and batch.HasField("catch_up_tokens") else None
         self.round_trip_s += round_trip
         self.compute_s += compute
