@@ -93,8 +93,11 @@ class Segment:
 
 
 _MATMULS = ("qkv", "qkv_bias", "o", "gate_up", "down")
-# CPU bmm rounds a row alike for any number of rows from 4 up (measured): attention pads to it
+# CPU bmm rounds a row alike for any number of rows from 4 up (measured, AMD EPYC), and on a Xeon
+# (Sapphire Rapids) with attention's strided K from head_dim / 16 rows up (4 at 64, 8 at 128, 16 at
+# 256; fewer took another kernel there and Gemma 3's logits moved by 1e-4): attention pads to it
 _MIN_BMM_ROWS = 4
+_BMM_ROWS_PER_HEAD_DIM = 1 / 16
 
 
 def _dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -254,16 +257,16 @@ class Transformer:
         n, ctx, kvh, d = q.shape[0], keys.shape[0], s.num_kv_heads, s.head_dim
         group = s.num_heads // kvh
         qg = q.view(n, kvh, group, d).permute(1, 2, 0, 3).reshape(kvh, group * n, d)
-        rows = group * n
-        if rows < _MIN_BMM_ROWS:  # below 4 rows bmm takes another kernel: pad, so rows round alike
-            qg = F.pad(qg, (0, 0, 0, _MIN_BMM_ROWS - rows))
+        rows, min_rows = group * n, max(_MIN_BMM_ROWS, int(d * _BMM_ROWS_PER_HEAD_DIM))
+        if rows < min_rows:  # fewer rows take another bmm kernel: pad, so rows round alike
+            qg = F.pad(qg, (0, 0, 0, min_rows - rows))
         scores = torch.bmm(qg, keys.permute(1, 2, 0)).float() * s.attn_scale  # [kv_heads, rows, ctx]
         scores = scores[:, :rows]
         if mask is not None:
             scores = scores.view(kvh, group, n, ctx).masked_fill(~mask, float("-inf")).view(kvh, rows, ctx)
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
-        if rows < _MIN_BMM_ROWS:
-            probs = F.pad(probs, (0, 0, 0, _MIN_BMM_ROWS - rows))
+        if rows < min_rows:
+            probs = F.pad(probs, (0, 0, 0, min_rows - rows))
         out = torch.bmm(probs, values.transpose(0, 1))[:, :rows]  # [kv_heads, rows, head_dim]
         return out.reshape(kvh, group, n, d).permute(2, 0, 1, 3).reshape(n, kvh * group, d)
 
