@@ -97,7 +97,7 @@ _MATMULS = ("qkv", "qkv_bias", "o", "gate_up", "down")
 # (Sapphire Rapids) with attention's strided K from head_dim / 16 rows up (4 at 64, 8 at 128, 16 at
 # 256; fewer took another kernel there and Gemma 3's logits moved by 1e-4): attention pads to it
 _MIN_BMM_ROWS = 4
-_BMM_ROWS_PER_HEAD_DIM = 1 / 16
+_HEAD_DIM_PER_BMM_ROW = 16
 
 
 def _dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -257,7 +257,7 @@ class Transformer:
         n, ctx, kvh, d = q.shape[0], keys.shape[0], s.num_kv_heads, s.head_dim
         group = s.num_heads // kvh
         qg = q.view(n, kvh, group, d).permute(1, 2, 0, 3).reshape(kvh, group * n, d)
-        rows, min_rows = group * n, max(_MIN_BMM_ROWS, int(d * _BMM_ROWS_PER_HEAD_DIM))
+        rows, min_rows = group * n, max(_MIN_BMM_ROWS, d // _HEAD_DIM_PER_BMM_ROW)
         if rows < min_rows:  # fewer rows take another bmm kernel: pad, so rows round alike
             qg = F.pad(qg, (0, 0, 0, min_rows - rows))
         scores = torch.bmm(qg, keys.permute(1, 2, 0)).float() * s.attn_scale  # [kv_heads, rows, ctx]
