@@ -12,7 +12,7 @@ import torch
 
 import protocol
 from orchestrator.drafters.onnx_drafter import OnnxDrafter
-from orchestrator.engine import Drafter, DraftProposal
+from orchestrator.engine import Drafter, DraftProposal, DraftRequest
 from orchestrator.engine.swap import describe_kv
 from orchestrator.models import TargetRunner
 from orchestrator.tracing import HOST_TRACK, Tracer, drafter_track, target_track
@@ -35,6 +35,8 @@ class KvHandoffDrafter(Drafter):
         self.unpacker = protocol.BlockUnpacker()
         self.name = f"{inner.name}+kv-handoff"
         self.device = inner.device
+        self.batched = inner.batched  # the cost model's prior: one run drafts a position for every sequence
+        self.overlaps = inner.overlaps
         self.bytes_sent = 0
         self._target_track = target_track(target.device)
         self._drafter_track = drafter_track(self.device, self.name)
@@ -71,6 +73,12 @@ class KvHandoffDrafter(Drafter):
     def propose(self, seq_id: int, k: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                 generator: torch.Generator | None = None, min_confidence: float = 0.0) -> DraftProposal:
         return self.inner.propose(seq_id, k, temperature, top_k, top_p, generator, min_confidence)
+
+    def propose_batch(self, requests: list[DraftRequest]) -> dict[int, DraftProposal]:
+        return self.inner.propose_batch(requests)  # batched: one run per draft position for all sequences
+
+    def propose_ahead(self, requests: list[DraftRequest], assumed: dict[int, list[int]]) -> dict[int, DraftProposal]:
+        return self.inner.propose_ahead(requests, assumed)
 
     @property
     def last_catch_up(self):
