@@ -19,6 +19,7 @@ Writes bench/figures/control-PROFILE.json (figures, spread of repeats, machine, 
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 from orchestrator.assemble import assemble
 from orchestrator.config import SamplingParams
@@ -100,7 +101,7 @@ def main():
                     "identical_greedy": all(outputs[n] == outputs["target-only"] for n in configs)}
             report["cells"].append(cell)
             report["complete"] = False  # each cell is written as it ends: a run cut short keeps what it measured
-            write_report(f"control-{args.profile}", report, quiet=True)
+            write_report(f"control-{Path(args.profile).stem}", report, quiet=True)
             spread = " ".join(f"{n} {med[n]:.1f} ({min(results[n]):.1f}-{max(results[n]):.1f})" for n in configs)
             print(f"{wl:<8} x{conc:<2} tok/s: {spread} | auto/target-only {cell['auto_vs_target_only']:.2f} "
                   f"{_show(vs_target)} auto/{best_fixed} {cell['auto_vs_best_fixed']:.2f} {_show(vs_best)} "
@@ -114,7 +115,7 @@ def main():
     }
     report["complete"] = True
     print("goals:", report["goals"], flush=True)
-    write_report(f"control-{args.profile}", report)
+    write_report(f"control-{Path(args.profile).stem}", report)
 
 
 def _range(ratios: list[float]) -> list[float]:

@@ -100,7 +100,9 @@ class OnnxDrafterConfig:
     int8_lm_head: bool = True  # INT4 body, 8-bit lm_head: the best measured INT4 config
     providers: tuple[str, ...] = ()  # explicit provider list (`--drafter-ep`); () = the device's own
     provider_options: dict = field(default_factory=dict)  # extra options for the device's provider
-    kv_handoff: bool = False  # start from the target's prefill K/V instead of a drafter prefill
+    # start from the target's prefill K/V instead of a drafter prefill; "auto": where the drafter is the
+    # target's own export (no drafter model) and the target runs in this process
+    kv_handoff: bool | str = "auto"
     threads: int | None = None  # ONNX Runtime's intra-op threads; None = its default (one per core)
 
 

@@ -39,8 +39,9 @@ def add_parser(sub) -> None:
     g.add_argument("--device", default=None, help="target device, e.g. cpu or cuda:0")
     g.add_argument("--dtype", choices=DTYPES, default=None, help="target dtype")
     add_export_args(g, defaults=False)
-    g.add_argument("--kv-handoff", action="store_true", default=None,
-                   help="start the ONNX self-drafter from the target's prefill K/V instead of its own prefill")
+    g.add_argument("--kv-handoff", action=argparse.BooleanOptionalAction, default=None,
+                   help="start the ONNX self-drafter from the target's prefill K/V instead of its own prefill "
+                        "(default: on where the drafter is the target's own export)")
     g.add_argument("--drafter-device", default=None, metavar="DEVICE",
                    help="the ONNX drafter's device: cpu, cuda:N or npu:N (picks the provider; KV buffers live there)")
     g.add_argument("--drafter-ep", action="append", default=None, metavar="PROVIDER",

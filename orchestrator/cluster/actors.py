@@ -56,8 +56,11 @@ def replica_profile(profile: Profile, drafter_timeout_s: float) -> Profile:
     if name is None:
         return profile
     served = profile.drafters[name]
+    handoff = getattr(served, "kv_handoff", False)
+    if handoff == "auto":  # an onnx self-drafter
+        handoff = served.model is None
     remote = RemoteDrafterSpec(kind="remote", address="pool:1", timeout_s=drafter_timeout_s,
-                               kv_handoff=getattr(served, "kv_handoff", False), hidden_states=served.kind == "mtp")
+                               kv_handoff=handoff, hidden_states=served.kind == "mtp")
     drafters = {**profile.drafters, name: remote}
     return profile.model_copy(update={"drafters": drafters})
 

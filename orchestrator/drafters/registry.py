@@ -67,7 +67,8 @@ def build_onnx(config: OnnxDrafterConfig, ctx: DrafterContext) -> Drafter:
     drafter = OnnxDrafter(export_drafter(ckpt, options, progress=ctx.progress), device=config.device,
                           providers=list(config.providers) or None, provider_options=config.provider_options,
                           num_threads=config.threads)
-    if not config.kv_handoff or ctx.target is None:  # a drafter server takes K/V per session instead
+    handoff = config.model is None if config.kv_handoff == "auto" else config.kv_handoff
+    if not handoff or ctx.target is None:  # a drafter server takes K/V per session instead
         return drafter
     if config.model is not None:
         raise HetspecError("kv_handoff needs an onnx drafter exported from the target itself (no drafter model)")

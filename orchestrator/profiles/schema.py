@@ -92,7 +92,8 @@ class OnnxDrafterSpec(_DrafterBase):
     precision: Literal["int4", "int8", "fp32"] = "int4"
     block_size: Literal[16, 32, 64, 128, 256] = 32
     int8_lm_head: bool = True
-    kv_handoff: bool = False  # take the target's prefill K/V instead of a drafter prefill (self-drafters)
+    # take the target's prefill K/V instead of a drafter prefill; auto: on for a self-drafter (no model)
+    kv_handoff: bool | Literal["auto"] = "auto"
     provider_options: dict[str, Scalar] = {}  # passed to the provider as strings
     threads: Annotated[int, Field(ge=1, le=256)] | None = None  # ONNX Runtime intra-op threads (default: one per core)
 

@@ -7,7 +7,7 @@ import torch
 from orchestrator.assemble import build_drafter, drafter_context
 from orchestrator.config import EngineConfig, SamplingParams
 from orchestrator.drafters import KvHandoffDrafter
-from orchestrator.engine import Engine
+from orchestrator.engine import DraftRequest, Engine
 from orchestrator.engine.swap import export_kv
 from orchestrator.models import TargetRunner, eos_token_ids
 from orchestrator.tracing import Tracer
@@ -91,6 +91,55 @@ def test_drafter_started_from_kv_holds_exactly_the_targets_kv(target, drafter, s
     assert drafter.cached_length(seq_id) == len(ids)
     handoff.finish(seq_id)
     target.free(seq_id)
+
+
+@pytest.mark.parametrize("kv_handoff, model, wrapped", [
+    ("auto", None, True),  # the default: the target's own export, the target in this process
+    (False, None, False),
+    ("auto", "smollm2-135m", False),  # a drafter model: not known to share the target's K/V
+])
+def test_kv_handoff_auto_is_on_for_a_self_drafter_only(target, smollm2, kv_handoff, model, wrapped):
+    from dataclasses import replace
+
+    config = EngineConfig()
+    assert config.drafter.kv_handoff == "auto"
+    built = build_drafter(replace(config.drafter, kv_handoff=kv_handoff, model=model),
+                          drafter_context(config, smollm2, target=target, progress=False))
+    try:
+        assert isinstance(built, KvHandoffDrafter) == wrapped
+    finally:
+        built.close()
+    served = build_drafter(config.drafter, drafter_context(config, smollm2, progress=False))  # no target here
+    assert not isinstance(served, KvHandoffDrafter)
+    served.close()
+
+
+def test_handed_off_drafter_drafts_a_batch_in_one_run_per_draft_position(target, drafter, smollm2_tokenizer):
+    """The wrapper keeps the drafter's batched drafting (and the cost model's prior that says so):
+    one ONNX Runtime run per draft position for all sequences, the same drafts as one by one."""
+    prompts = [smollm2_tokenizer(p).input_ids for p in PROMPTS[:3]]
+    ids = [21_000 + i for i in range(3)]
+    target.forward([(s + off, p, 1) for s, p in zip(ids, prompts) for off in (0, 100)])  # 100 on: drafted alone
+    handoff = KvHandoffDrafter(drafter, target)
+    for s, p in zip(ids, prompts):
+        handoff.start(s, p)
+        handoff.start(s + 100, p)
+    rows = []
+    run_batch = drafter._run_batch
+    drafter._run_batch = lambda items: rows.append(len(items)) or run_batch(items)  # observe the runs
+    try:
+        batch = handoff.propose_batch([DraftRequest(s, 4) for s in ids])
+    finally:
+        del drafter._run_batch
+    alone = {s: handoff.propose(s + 100, 4).draft_ids for s in ids}
+    for s in ids:
+        handoff.finish(s)
+        handoff.finish(s + 100)
+        target.free(s)
+        target.free(s + 100)
+    assert handoff.batched and drafter.batched
+    assert rows == [3, 3, 3, 3]
+    assert {s: p.draft_ids for s, p in batch.items()} == alone and all(len(d) == 4 for d in alone.values())
 
 
 def test_kv_seq_block_from_another_drafter_state_reproduces_its_drafts(drafter, smollm2_tokenizer):
