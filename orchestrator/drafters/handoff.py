@@ -37,6 +37,7 @@ class KvHandoffDrafter(Drafter):
         self.device = inner.device
         self.batched = inner.batched  # the cost model's prior: one run drafts a position for every sequence
         self.overlaps = inner.overlaps
+        self.prompt_cached = True
         self.bytes_sent = 0
         self._target_track = target_track(target.device)
         self._drafter_track = drafter_track(self.device, self.name)

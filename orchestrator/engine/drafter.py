@@ -81,6 +81,9 @@ class Drafter(ABC):
     # True where the drafter reads the target's last-layer hidden states (an MTP drafter): the engine
     # hands it those of every newly committed position as a HIDDEN_STATE block (`accept_hidden`)
     reads_hidden: bool = False
+    # True where `start` leaves the prompt's K/V in the drafter (KV handoff): its first draft catches up
+    # only on the tokens committed since, and the cost model must not charge it the prompt
+    prompt_cached: bool = False
     # the last `propose_batch`'s catch-up runs, timed apart; None where the drafter cannot tell (its cost
     # model then fits catch-up tokens and drafts together from the calls' times)
     last_catch_up: CatchUp | None = None

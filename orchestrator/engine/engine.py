@@ -220,10 +220,12 @@ class Engine:
         return verify(sum(seq.num_tokens - self.target.kv_length(seq.seq_id) + num_drafts.get(seq.seq_id, 0)
                           for seq in seqs))
 
-    @staticmethod
-    def _drafter_lag(seq: Sequence) -> int:
-        """Committed tokens the drafter would run before drafting: all of them before its first draft."""
-        return seq.drafter_lag if seq.acceptance.drafted else seq.num_tokens
+    def _drafter_lag(self, seq: Sequence) -> int:
+        """Committed tokens the drafter would run before drafting: before its first draft all of them,
+        less the prompt where `start` gave it the prompt's K/V."""
+        if seq.acceptance.drafted:
+            return seq.drafter_lag
+        return seq.num_tokens - (len(seq.prompt_ids) if self.drafter.prompt_cached else 0)
 
     def _draft_cap(self, seq: Sequence) -> int:
         """The most `seq` may draft now: its request's k, the tokens it still needs, the room left."""

@@ -118,6 +118,11 @@ class RemoteDrafter(SessionLink, Drafter):
             return "unavailable" if self._session.call.done() else "connected"
         return "connecting" if self._probe is not None else "unavailable"
 
+    @property
+    def prompt_cached(self) -> bool:
+        """Sequences open with the target's K/V (KV handoff): a first draft catches up on little."""
+        return self.kv_source is not None
+
     def status(self) -> DrafterStatus:
         return DrafterStatus(state=self.state, num_reconnects=self.num_reconnects)
 

@@ -114,6 +114,23 @@ def test_kv_handoff_auto_is_on_for_a_self_drafter_only(target, smollm2, kv_hando
     served.close()
 
 
+def test_cost_model_charges_a_handed_off_drafter_no_prompt_catch_up(target, drafter, smollm2, smollm2_tokenizer):
+    """Before its first draft a sequence's drafter lags by every committed token, less the prompt where
+    the prompt's K/V was handed over: what the cost model charges the first draft."""
+    ids = smollm2_tokenizer(GROUNDED).input_ids
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    for wrapped, lag in ((False, len(ids) + 1), (True, 1)):
+        engine = _engine(target, smollm2_tokenizer, smollm2, KvHandoffDrafter(drafter, target) if wrapped else drafter)
+        seq_id = engine.add_request(ids, params)
+        engine.step()  # the prefill commits the first token
+        seq = engine.sequences[seq_id]
+        assert engine.drafter.prompt_cached == wrapped and not seq.acceptance.drafted
+        assert engine._drafter_lag(seq) == lag
+        while engine.has_work():
+            engine.step()
+        engine.release(seq_id)
+
+
 def test_handed_off_drafter_drafts_a_batch_in_one_run_per_draft_position(target, drafter, smollm2_tokenizer):
     """The wrapper keeps the drafter's batched drafting (and the cost model's prior that says so):
     one ONNX Runtime run per draft position for all sequences, the same drafts as one by one."""
