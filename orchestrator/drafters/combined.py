@@ -42,6 +42,7 @@ class CombinedDrafter(Drafter):
         self.device = drafters[-1].device  # the last is the model, usually: its track
         self.batched = any(d.batched for d in drafters)
         self.reads_hidden = any(d.reads_hidden for d in drafters)  # an MTP drafter among them
+        self.opens_caught_up = all(d.opens_caught_up for d in drafters)  # e.g. n-gram + a handed-off ONNX drafter
         self.acceptance = [Acceptance() for _ in drafters]  # pooled over sequences
         self.chosen = [0] * len(drafters)  # sequence-steps each drafter served
         self._drafts: dict[int, dict[int, list[int]]] = {}  # seq -> {drafter index: its draft this step}

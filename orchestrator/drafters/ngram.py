@@ -12,6 +12,7 @@ class NgramDrafter(Drafter):
 
     name = "ngram"
     last_catch_up = CatchUp(0.0, 0)  # no model: nothing to catch up when drafting
+    opens_caught_up = True  # it indexes every committed token as it is told
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:

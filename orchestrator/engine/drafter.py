@@ -81,9 +81,9 @@ class Drafter(ABC):
     # True where the drafter reads the target's last-layer hidden states (an MTP drafter): the engine
     # hands it those of every newly committed position as a HIDDEN_STATE block (`accept_hidden`)
     reads_hidden: bool = False
-    # True where `start` leaves the prompt's K/V in the drafter (KV handoff): its first draft catches up
-    # only on the tokens committed since, and the cost model must not charge it the prompt
-    prompt_cached: bool = False
+    # True where a sequence's first draft finds every committed token but the newest in the drafter (KV
+    # handoff of the target's K/V at that draft, an n-gram index): the cost model charges it no catch-up
+    opens_caught_up: bool = False
     # the last `propose_batch`'s catch-up runs, timed apart; None where the drafter cannot tell (its cost
     # model then fits catch-up tokens and drafts together from the calls' times)
     last_catch_up: CatchUp | None = None

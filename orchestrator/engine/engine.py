@@ -222,10 +222,10 @@ class Engine:
 
     def _drafter_lag(self, seq: Sequence) -> int:
         """Committed tokens the drafter would run before drafting: before its first draft all of them,
-        less the prompt where `start` gave it the prompt's K/V."""
+        unless that draft opens it with the target's K/V (then the newest only, as after any draft)."""
         if seq.acceptance.drafted:
             return seq.drafter_lag
-        return seq.num_tokens - (len(seq.prompt_ids) if self.drafter.prompt_cached else 0)
+        return 1 if self.drafter.opens_caught_up else seq.num_tokens
 
     def _draft_cap(self, seq: Sequence) -> int:
         """The most `seq` may draft now: its request's k, the tokens it still needs, the room left."""

@@ -119,8 +119,8 @@ class RemoteDrafter(SessionLink, Drafter):
         return "connecting" if self._probe is not None else "unavailable"
 
     @property
-    def prompt_cached(self) -> bool:
-        """Sequences open with the target's K/V (KV handoff): a first draft catches up on little."""
+    def opens_caught_up(self) -> bool:
+        """Sequences open at their first draft with the target's K/V of all but the newest token (KV handoff)."""
         return self.kv_source is not None
 
     def status(self) -> DrafterStatus:

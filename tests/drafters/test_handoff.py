@@ -7,7 +7,7 @@ import torch
 from orchestrator.assemble import build_drafter, drafter_context
 from orchestrator.config import EngineConfig, SamplingParams
 from orchestrator.drafters import KvHandoffDrafter
-from orchestrator.engine import DraftRequest, Engine
+from orchestrator.engine import DraftRequest, Engine, Status
 from orchestrator.engine.swap import export_kv
 from orchestrator.models import TargetRunner, eos_token_ids
 from orchestrator.tracing import Tracer
@@ -82,6 +82,8 @@ def test_drafter_started_from_kv_holds_exactly_the_targets_kv(target, drafter, s
     target.forward([(seq_id, ids, 1)])
     handoff = KvHandoffDrafter(drafter, target)
     handoff.start(seq_id, ids)
+    assert handoff.bytes_sent == 0  # nothing moves before the first draft
+    handoff.hand_off([seq_id])  # what its first draft does
     host = export_kv(target, seq_id, StagingPool(target.device))
     want = codec.pool_to_seq(codec.decode(host.encoded.descriptor, host.encoded.payload), len(ids))  # [L, 2, H, T, D]
     host.release()
@@ -124,11 +126,41 @@ def test_cost_model_charges_a_handed_off_drafter_no_prompt_catch_up(target, draf
         seq_id = engine.add_request(ids, params)
         engine.step()  # the prefill commits the first token
         seq = engine.sequences[seq_id]
-        assert engine.drafter.prompt_cached == wrapped and not seq.acceptance.drafted
+        assert engine.drafter.opens_caught_up == wrapped and not seq.acceptance.drafted
         assert engine._drafter_lag(seq) == lag
         while engine.has_work():
             engine.step()
         engine.release(seq_id)
+
+
+def test_a_sequence_that_never_drafts_moves_no_kv_and_a_late_one_catches_up_on_nothing(
+        target, drafter, smollm2, smollm2_tokenizer):
+    """The hand-off waits for a sequence's first draft; then it carries the K/V of every committed token
+    the target has run (the prompt and the steps decoded without drafts): the drafter has nothing to
+    catch up, and the output stays target-only's."""
+    ids = smollm2_tokenizer(PROMPTS[1]).input_ids
+    short, params = SamplingParams(max_new_tokens=6, ignore_eos=True), SamplingParams(max_new_tokens=24, ignore_eos=True)
+    expected = _engine(target, smollm2_tokenizer, smollm2).generate(ids, params).output_ids
+    handoff = KvHandoffDrafter(drafter, target)
+    # vLLM's rule: no drafts while 2 sequences run; the short one never drafts, the other starts late
+    engine = Engine(target, smollm2_tokenizer, handoff, num_speculative_tokens=4, disable_by_batch_size=2,
+                    eos_token_ids=eos_token_ids(smollm2, smollm2_tokenizer))
+    other, seq_id = engine.add_request(smollm2_tokenizer(PROMPTS[2]).input_ids, short), engine.add_request(ids, params)
+    seq = engine.sequences[seq_id]
+    while engine.sequences[other].status != Status.FINISHED:
+        engine.step()
+    assert handoff.bytes_sent == 0 and seq.stats.num_drafted == 0 and seq.num_tokens > len(ids) + 2
+    committed = seq.num_tokens
+    engine.step()
+    assert seq.stats.num_drafted > 0 and drafter.last_catch_up.tokens == 0  # its first draft ran the newest token only
+    s = target.model.spec
+    per_token = s.num_layers * 2 * s.num_kv_heads * s.head_dim * 4
+    assert per_token * (committed - 1) <= handoff.bytes_sent < per_token * (committed - 1 + 16)  # whole pool blocks
+    while engine.has_work():
+        engine.step()
+    engine.release(other)
+    out = engine.release(seq_id)
+    assert out.output_ids == expected
 
 
 def test_handed_off_drafter_drafts_a_batch_in_one_run_per_draft_position(target, drafter, smollm2_tokenizer):
@@ -141,6 +173,7 @@ def test_handed_off_drafter_drafts_a_batch_in_one_run_per_draft_position(target,
     for s, p in zip(ids, prompts):
         handoff.start(s, p)
         handoff.start(s + 100, p)
+    handoff.hand_off(ids)  # the hand-off's own runs are not counted below
     rows = []
     run_batch = drafter._run_batch
     drafter._run_batch = lambda items: rows.append(len(items)) or run_batch(items)  # observe the runs
@@ -196,11 +229,14 @@ def test_handoff_records_its_transfer_spans_and_phases_still_add_up(target, draf
     by_name = {}
     for s in spans:
         by_name.setdefault(s.name, []).append(s)
-    for phase in ("d2h", "serialize", "deserialize", "h2d"):  # once, at the drafter's start
+    transfer = ("d2h", "serialize", "deserialize", "h2d")
+    for phase in transfer:  # once, inside the sequence's first draft
         assert len(by_name[phase]) == 1, phase
+        (first_draft, *_) = by_name["draft"]
+        assert first_draft.start_ns <= by_name[phase][0].start_ns <= first_draft.start_ns + first_draft.dur_ms * 1e6
     (ser,), (des,) = by_name["serialize"], by_name["deserialize"]
     assert ser.flow_out is not None and des.flow_in == (ser.flow_out,)
     assert ser.args["nbytes"] == engine.drafter.bytes_sent
     assert by_name["h2d"][0].track == engine._drafter_track  # the engine's own timeline for the drafter
-    covered = sum(s.dur_ms for s in spans)
+    covered = sum(s.dur_ms for s in spans if s.name not in transfer)  # those lie inside a draft span
     assert 0.9 * wall_ms <= covered <= 1.02 * wall_ms  # no phase counted twice, little left out

@@ -341,13 +341,13 @@ def test_a_drafter_that_refuses_kv_blocks_is_opened_from_tokens_instead(target, 
     served = serve(DrafterServicer(NgramDrafter(), vocab_size=target.vocab_size, model_id=target.model_id))
     drafter = RemoteDrafter(f"127.0.0.1:{served.port}", vocab_size=target.vocab_size, kv_source=target,
                             backoff_s=(0.05, 0.1))
-    assert drafter.prompt_cached  # until the drafter refuses the K/V: then its cost model charges the prompt
+    assert drafter.opens_caught_up  # until the drafter refuses the K/V: then its cost model charges the prompt
     try:
         engine = make_engine(target, smollm2_tokenizer, smollm2, drafter)
         seqs = run(engine, smollm2_tokenizer, SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True))
         assert [s.output_ids for s in seqs] == reference
         assert drafter.num_failures == 1 and "open.kv_blocks" in drafter.last_error and drafter.kv_source is None
-        assert not drafter.prompt_cached
+        assert not drafter.opens_caught_up
         assert drafter.state == "connected" and sum(s.stats.num_accepted for s in seqs) > 0
     finally:
         drafter.close()
