@@ -50,6 +50,10 @@ class CombinedDrafter(Drafter):
         # each drafter's seconds per drafted position and sequence, over its recent calls
         self.cost = [Recent() for _ in drafters]
 
+    def prepare(self, seq_ids: list[int]) -> None:
+        for d in self.drafters:
+            d.prepare(seq_ids)
+
     def expected(self, i: int, k: int, seq_id: int | None = None) -> float:
         """Drafter i's expected accepted drafts out of k (for one sequence, or pooled): the sum over j
         of P(drafts 1..j accepted)."""

@@ -53,12 +53,16 @@ class KvHandoffDrafter(Drafter):
     def hand_off(self, seq_ids) -> None:
         """Open the given sequences (those not yet open) from the target's K/V of their committed tokens.
 
-        A flow links each serialize span to its deserialize span.
+        The engine calls it (as `prepare`) before its draft span, so the transfer spans sit beside the
+        drafting, not inside it; `propose` opens any sequence still pending. A flow links each serialize
+        span to its deserialize span.
         """
         for seq_id in seq_ids:
             ids = self._pending.pop(seq_id, None)
             if ids is not None:
                 self._hand_off(seq_id, ids)
+
+    prepare = hand_off
 
     def _hand_off(self, seq_id: int, ids: list[int]) -> None:
         tracer, target = self.tracer, self.target

@@ -103,6 +103,10 @@ class Drafter(ABC):
         return {r.seq_id: self.propose(r.seq_id, r.k, r.temperature, r.top_k, r.top_p, r.generator,
                                        r.min_confidence) for r in requests}
 
+    def prepare(self, seq_ids: list[int]) -> None:
+        """Called before a step's drafting with the sequences about to draft: a drafter that opens them
+        lazily (KV handoff at the first draft) moves their state here, traced apart from the drafting."""
+
     def propose_ahead(self, requests: list[DraftRequest], assumed: dict[int, list[int]]) -> dict[int, DraftProposal]:
         """Drafts continuing each sequence's committed tokens followed by `assumed[seq_id]` (tokens not
         committed yet: this step's drafts, while the target verifies them), leaving the committed tokens

@@ -175,6 +175,7 @@ class Engine:
             return drafts
         step_s = self._forward_s(seqs, plan.ks)  # for drafters weighing their cost against the target's
         requests = [replace(r, step_s=step_s) for r in requests]
+        self.drafter.prepare([r.seq_id for r in requests])  # e.g. KV handoff: transfer spans of its own
         t0 = time.perf_counter()
         flow = self.tracer.new_flow()
         self._flows.update((r.seq_id, flow) for r in requests)
