@@ -85,3 +85,24 @@ def test_overlapped_drafting_is_a_phase_apart_and_only_its_wait_costs_the_step()
     spec = speculation(side, summary, {"tpot_ms": 50.0, "tokens_per_s": 1.0})
     assert spec["c"] == pytest.approx((10.0 + 2.0) / 6 / 50.0)  # 6 drafts: the fresh draft and the wait
     assert spec["verify_cost"] == pytest.approx((40 + 40 + 0.2) / 2 / 50.0)
+
+
+def test_a_remote_drafters_wire_time_inside_its_draft_span_counts_once():
+    """Hand-made: a 10 ms draft span that waited on a round trip of which 3 ms were the wire (its own
+    span, on the wire track, inside the draft's time). c counts 10 ms of drafting, 7 of them the
+    drafter's, 3 the transfer's; the phases cover 10 + 40 ms of wall time, not 53."""
+    def span(name, step, ms, role, **args):
+        return {"name": name, "device": "cpu", "role": role, "start_ns": 0, "dur_ms": ms, "step": step,
+                "args": args}
+
+    from orchestrator.latency.summary import side_summary
+
+    spans = [span("draft", 1, 10.0, "drafter"), span("wire", None, 3.0, "wire", round_trip_ms=10.0),
+             span("verify", 1, 40.0, "target"), _commit(1, 2, 2)]
+    reqs = [{"prompt_index": 0, "spans": spans, "wall_ms": 50.1, "ttft_ms": 0.0, "tpot_ms": 25.0,
+             "output_tokens": 3}]
+    summary = side_summary({"k": 2, "requests": reqs})
+    assert summary["span_ms"] == pytest.approx(50.1)
+    spec = speculation({"k": 2, "requests": reqs}, summary, {"tpot_ms": 40.0, "tokens_per_s": 1.0})
+    assert spec["c"] == pytest.approx(10.0 / 2 / 40.0)
+    assert spec["draft_ms_per_token"] == pytest.approx(7.0 / 2) and spec["transfer_ms_per_token"] == pytest.approx(1.5)
