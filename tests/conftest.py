@@ -103,10 +103,13 @@ def tiny_checkpoint(tmp_path, family: str = "llama", **overrides):
     return Checkpoint(hf_dir=tmp_path, source=tmp_path, key=family), model
 
 
-def draft_rounds(drafter, prompts: list[list[int]], batched: bool, k: int = 4, rounds: int = 4) -> list[list[int]]:
+def draft_rounds(drafter, prompts: list[list[int]], batched: bool, k: int = 4, rounds: int = 4,
+                 full_accepts: bool = False) -> list[list[int]]:
     """Drafts over a few verify rounds in which each sequence accepts part of its drafts and some
     sequences sit a round out (so the next round catches them up by several tokens): asked as one
-    `propose_batch` per round, or one `propose` per sequence. -> every proposal's draft ids."""
+    `propose_batch` per round, or one `propose` per sequence. `full_accepts`: in every other round
+    all but one sequence accept every draft (their next run starts with two tokens: the last draft
+    and the bonus). -> every proposal's draft ids."""
     from orchestrator.engine import DraftRequest
 
     for i, prompt in enumerate(prompts):
@@ -122,6 +125,8 @@ def draft_rounds(drafter, prompts: list[list[int]], batched: bool, k: int = 4, r
             ids = proposals[q.seq_id].draft_ids
             drafts.append(ids)
             n = (q.seq_id + r) % (len(ids) + 1)  # accepted, then a recovered token (or the bonus)
+            if full_accepts and r % 2 == 0 and q.seq_id != requests[0].seq_id:
+                n = len(ids)
             drafter.extend(q.seq_id, ids[:n] + [ids[n] + 1 if n < len(ids) else 13])
     for i in range(len(prompts)):
         drafter.finish(100 + i)

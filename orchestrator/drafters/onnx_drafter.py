@@ -41,6 +41,7 @@ class OnnxDrafter(CachedDrafter):
     """
 
     name = "onnx"
+    BATCHED_TOKENS = 2  # rows with at most this many new tokens share runs, a token per run
 
     def __init__(self, model_dir: Path, device: str = "cpu", providers: list[str] | None = None,
                  provider_options: dict | None = None, num_threads: int | None = None):
@@ -76,16 +77,23 @@ class OnnxDrafter(CachedDrafter):
     def _run_batch(self, items: list[tuple[int, CachedSequence, list[int]]]) -> list[torch.Tensor]:
         if self._slots is None:
             return super()._run_batch(items)
-        # catch-ups (several tokens) one by one, then every one-token row in one run
+        # ORT's GQA runs several new tokens over a past for one row only: catch-ups (longer than a
+        # step's two tokens) run one by one. The drafting rows share runs of one token each, aligned
+        # at their last token: the two-token rows (a full accept's last draft and bonus) run their
+        # first together, then every row its last; a lone two-token row runs alone in one run
         out: list[torch.Tensor | None] = [None] * len(items)
-        single = [i for i, (_, _, new_ids) in enumerate(items) if len(new_ids) == 1]
+        pairs = sum(len(new_ids) == 2 for _, _, new_ids in items)
+        joined = self.BATCHED_TOKENS if pairs >= 2 else 1
+        rows = [i for i, (_, _, new_ids) in enumerate(items) if len(new_ids) <= joined]
         for i, (_, seq, new_ids) in enumerate(items):
-            if len(new_ids) > 1:
+            if len(new_ids) > joined:
                 out[i] = torch.from_numpy(self._slots.run([(seq.cache.index, new_ids)])[0])
-        if single:
-            logits = self._slots.run([(items[i][1].cache.index, items[i][2]) for i in single])
-            for row, i in enumerate(single):
-                out[i] = torch.from_numpy(logits[row])
+        for back in reversed(range(max((len(items[i][2]) for i in rows), default=0))):
+            column = [i for i in rows if len(items[i][2]) > back]
+            logits = self._slots.run([(items[i][1].cache.index, items[i][2][-back - 1:][:1]) for i in column])
+            if back == 0:
+                for row, i in enumerate(column):
+                    out[i] = torch.from_numpy(logits[row])
         return out
 
     def _run(self, seq_id: int, seq: CachedSequence, new_ids: list[int]) -> torch.Tensor:

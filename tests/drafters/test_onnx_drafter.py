@@ -304,6 +304,34 @@ def test_batched_drafts_equal_one_by_one(export, request, tokenizer):
     assert drafter._slots.arrays == [] and not any(drafter._slots.used)  # every slot given back
 
 
+def test_full_accepts_share_runs_and_draft_the_same(exact, tokenizer):
+    """Sequences that accepted every draft run two tokens next (the last draft, the bonus): ORT's GQA
+    takes one token per row when a batch has a past, so their first tokens share one run, then every
+    row's last token another; the drafts are those of one run per sequence."""
+    prompts = [tokenizer(p)["input_ids"] for p in (PROMPT, AGREEMENT_PROMPT, "def add(a, b):", "Hi")]
+    runs, calls = [], []  # per slot-pool run: tokens per row; per _run_batch: (new tokens per item, its runs)
+    run, run_batch = exact._slots.run, exact._run_batch
+
+    def observed(items):
+        start = len(runs)
+        out = run_batch(items)
+        calls.append(([len(ids) for _, _, ids in items], runs[start:]))
+        return out
+
+    exact._slots.run = lambda rows: runs.append([len(ids) for _, ids in rows]) or run(rows)
+    exact._run_batch = observed
+    try:
+        batched = draft_rounds(exact, prompts, batched=True, k=2, full_accepts=True)
+        joined = [c for c in calls if c[0].count(2) >= 2]
+        one_by_one = draft_rounds(exact, prompts, batched=False, k=2, full_accepts=True)
+    finally:
+        del exact._slots.run, exact._run_batch
+    assert batched == one_by_one
+    assert joined  # the rounds after full accepts: two runs of one token a row, the pairs' first, then all
+    for lengths, made in joined:
+        assert made == [[1] * lengths.count(2), [1] * len(lengths)]
+
+
 def test_the_shared_buffer_path_without_slots_drafts_the_same(exact, tokenizer):
     """Device KV (CUDA, CANN) keeps one shared buffer per sequence; run here with host buffers."""
     prompts = [tokenizer(p)["input_ids"] for p in (PROMPT, "def add(a, b):")]
