@@ -15,8 +15,8 @@ drafter has not run: the prompt, the steps the sequence sat out) is paid once an
 draft, so it is spread over the steps the sequence still has. From k = 0 everywhere, the move raising
 the expected rate most (drafts for one sequence, or positions for all the sequences at the longest
 draft, each looked ahead up to the cap) is made while one does. Where speculation does not pay, k = 0 and the sequence decodes
-plainly, re-examined every step; after a long run without drafts a cheap probe (one draft for every
-sequence as cheap to catch up as the cheapest, or for one) keeps the estimates fresh.
+plainly, re-examined every step; after a long run without drafts one cheap probe keeps the acceptance
+estimate fresh.
 
 When the engine drafts ahead (`overlap`: the gate favours it and every drafting sequence is greedy),
 a step's drafts are free but for the misses, and its forward hides the next step's pre-draft unless
@@ -37,7 +37,7 @@ from orchestrator.engine.measured import Acceptance, DraftCost, VerifyCurve
 
 PRIOR_ACCEPTANCE = 0.6  # p(1) before anything is measured; p(j) = prior ** j
 PRIOR_WEIGHT = 8.0  # drafts a sequence must see before its own counts outweigh the drafter's
-PROBE_EVERY = 32  # after this many steps without any draft, a probe drafts one token (for several sequences)...
+PROBE_EVERY = 32  # after this many steps without any draft, one sequence drafts one token...
 PROBE_BUDGET = 0.02  # ...once its extra cost is within this share of the time since the last draft
 CONFIDENCE_BINS = 20  # calibration of the drafter's own probability against acceptance
 CONFIDENCE_MIN_SAMPLES = 30  # a bin with fewer judged drafts does not stop anything
@@ -259,23 +259,14 @@ class CostModel:
         self._idle_s = 0.0 if drafted else self._idle_s + self.verify(n)
         probe = [c for c in candidates if c.k_cap > 0]
         if not drafted and probe and self._steps_since_draft >= PROBE_EVERY:
-            # nothing drafted for a while: a draft keeps the drafter's acceptance estimate (and its cost
-            # fit) from going stale, once it costs a small share of the time since the last draft. One
-            # draft from every sequence as cheap to catch up as the cheapest: the shape a plan would
-            # draft in (a batched drafter's one-row calls cannot tell what several rows cost: a fit
-            # from cold calls of several rows, never corrected, held a batch of 4 at k = 0); else one
-            lag = min(c.lag for c in probe)
-            group = [c for c in probe if c.lag == lag]
-            for members in (group, group[:1]) if len(group) > 1 else (group,):
-                m = len(members)
-                extra = self.step_seconds(n + m, m, m, m * (lag - 1), 1) - self.verify(n)
-                if extra <= PROBE_BUDGET * self._idle_s:
-                    for c in members:
-                        ks[c.seq_id] = 1
-                        tokens += self.p_through(c.acceptance, 0)
-                    n, drafting, drafted, catch_up, level = n + m, m, m, m * (lag - 1), 1
-                    self._steps_since_draft, self._idle_s, overlapped = 0, 0.0, False  # drafted afresh
-                    break
+            # nothing drafted for a while: one draft from the sequence cheapest to catch up keeps the
+            # drafter's acceptance estimate from going stale, once it costs a small share of the time
+            c = min(probe, key=lambda c: c.lag)
+            if self.step_seconds(n + 1, 1, 1, c.lag - 1, 1) - self.verify(n) <= PROBE_BUDGET * self._idle_s:
+                ks[c.seq_id] = 1
+                tokens += self.p_through(c.acceptance, 0)
+                n, drafting, drafted, catch_up, level = n + 1, 1, 1, c.lag - 1, 1
+                self._steps_since_draft, self._idle_s, overlapped = 0, 0.0, False  # drafted afresh
         expected_s = self.step_seconds(n, drafting, drafted, catch_up, level, overlapped) if self.verify.measured else 0.0
         return Plan(ks, tokens, expected_s, n, overlapped)
 

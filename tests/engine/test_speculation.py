@@ -123,29 +123,6 @@ def test_after_a_long_run_without_drafts_the_cheapest_sequence_is_probed():
     assert set(m.plan(batch).ks.values()) == {0}
 
 
-def rejecting() -> Acceptance:
-    """A sequence whose drafts were rejected 50 times: p(1) = 8 x 0.6 / (50 + 8) = 0.083."""
-    own = Acceptance()
-    for _ in range(50):
-        own.record(1, 0)
-    return own
-
-
-@pytest.mark.parametrize("draft_s, probed", [(0.1, {0: 1, 1: 1, 2: 0}), (0.4, {0: 1, 1: 0, 2: 0})])
-def test_a_probe_drafts_for_every_sequence_as_cheap_to_catch_up_as_the_cheapest_if_affordable(draft_s, probed):
-    """Flat 1 s verifies, drafts rejected (a draft returns 1.083 tokens for 1 + draft_s: never pays).
-    After 32 idle steps the budget is 2% of 32 s = 0.64 s: the two sequences one token behind probe
-    together for 2 x 0.1 s (a batched drafter learns what two rows cost); at 0.4 s a draft, two would
-    cost 0.8 s and one probes. The sequence 5 tokens behind never joins."""
-    m = model(linear(1.0, 0.0), draft_s)
-    batch = [decoding(0, acceptance=rejecting()), decoding(1, acceptance=rejecting()),
-             decoding(2, acceptance=rejecting(), lag=5)]
-    plans = [m.plan(batch) for _ in range(32)]
-    assert all(set(p.ks.values()) == {0} for p in plans[:31])
-    assert plans[31].ks == probed
-    assert plans[31].expected_tokens == pytest.approx(3 + sum(probed.values()) * 8 * 0.6 / 58)
-
-
 def test_a_probe_waits_until_it_costs_a_small_share_of_the_time_since_the_last_draft():
     """A probe's draft costs 0.99 s against flat 1 s steps: within 2% of the idle time after 50 steps,
     not after 32."""
