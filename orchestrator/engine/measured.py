@@ -146,7 +146,7 @@ class DraftCost:
     sat out, or its prompt). One-sequence calls cannot tell per call from per sequence, nor a position
     from a token: a weighted ridge reads them the way the drafter runs until other shapes tell: per
     sequence and token; batched, `BATCHED_ROW_SHARE` of a one-row call per row and position, the rest per
-    call and position (read all per call, a probe of one row priced 16 rows at a fifth of what they
+    run at each position (read all per call, a probe of one row priced 16 rows at a fifth of what they
     take). Before any call, `prior` seconds per draft token (per position and row as the fit reads a
     one-row call, batched) and `PRIOR_CATCH_UP_SHARE` of that per catch-up token (when
     catch-ups were free before any call, a fresh engine at 16 streams started every sequence at once and
@@ -163,10 +163,14 @@ class DraftCost:
     def __init__(self, batched: bool = False, decay: float = 0.97, ridge: float = 1e-6):
         self.batched = batched
         self.decay = decay
-        # ridge weights on (o, a, s, b, c): the terms the drafter's shape does not expect pay 1000x; a
-        # batched drafter's one-row calls split by their ratio (weights w give terms shares 1 / w)
+        # ridge weights on (o, a, s, b, c): the terms the drafter's shape does not expect pay 1000x
+        # (weights w give terms shares 1 / w). A batched drafter costs per position, a run (a) and each
+        # row in it (b): its one-row calls split by their ratio, and calls of one position and several
+        # rows (a probe) tell b, where a per-sequence s would take the rows' time once per call and
+        # not per position (16 rows at 5 positions: 91 ms foreseen, 264 taken); o and s only where
+        # the calls demand them
         row = (1 - BATCHED_ROW_SHARE) / BATCHED_ROW_SHARE
-        self._penalty = ridge * np.array([1, 1, row, row, 1] if batched else [1e3, 1e3, 1, 1, 1], np.float64)
+        self._penalty = ridge * np.array([1e3, 1, 1e3, row, 1] if batched else [1e3, 1e3, 1, 1, 1], np.float64)
         self._xx = np.zeros((5, 5))
         self._xy = np.zeros(5)
         self._coef: np.ndarray | None = None

@@ -207,18 +207,20 @@ def test_a_batched_drafters_run_per_position_is_shared_by_the_batch():
     assert m.plan([decoding(0)]).ks == {0: 1}
 
 
-@pytest.mark.parametrize("batched, four_rows", [(True, 0.5425), (False, 1.24)])
+@pytest.mark.parametrize("batched, four_rows", [(True, 0.535), (False, 1.24)])
 def test_one_sequence_calls_are_read_the_way_the_drafter_runs(batched, four_rows):
     """Calls that all draft one sequence cannot tell a per-call cost from a per-sequence one, nor a
     position from a token. Measured: 0.01 s + 0.3 s per token. A batched drafter reads a quarter of
-    that as per row (four rows at one position: 0.75 x 0.31 + 4 x 0.25 x 0.31 = 0.5425); one that
-    drafts sequence by sequence as all per row (four rows cost four times one)."""
+    a position as per row at that position (four rows at one position: 0.01 + 0.75 x 0.3 + 4 x 0.25
+    x 0.3 = 0.535; within 3%: a batched drafter's per-call term is held near 0 by the ridge, and part
+    of its 0.01 s is read per position); one that drafts sequence by sequence as all per row (four
+    rows cost four times one)."""
     m = CostModel(8, batched_drafter=batched)
     for _ in range(20):
         for k in (1, 2, 4):
             m.record_draft(1, k, 0, 0.01 + 0.3 * k, positions=k)
     assert m.draft(1, 3, 0, prior=1.0, positions=3) == pytest.approx(0.91, rel=1e-2)  # either way
-    assert m.draft(4, 4, 0, prior=1.0, positions=1) == pytest.approx(four_rows, rel=2e-2)
+    assert m.draft(4, 4, 0, prior=1.0, positions=1) == pytest.approx(four_rows, rel=3e-2)
     for n, seconds in linear(1.0, 0.0).items():
         m.record_forward(n, seconds)
     # a flat 1 s verify, p = 0.6: four sequences at one position commit 6.4 tokens in 1.54 s (4.15/s)
@@ -279,6 +281,19 @@ def test_one_stalled_forward_does_not_move_a_measured_size():
     assert curve(3) == pytest.approx(0.07)
 
 
+def test_a_batched_drafters_rows_cost_per_position_once_a_probe_of_several_rows_tells():
+    """One row at one position took 12 ms, 16 rows at one position (a probe) 48 ms: a run costs a + 16 b,
+    so b = 36 / 15 = 2.4 ms and a = 9.6 ms, and 16 rows at 5 positions 5 x (9.6 + 16 x 2.4) = 240 ms.
+    With a per-call and a per-sequence term also free to take a share (the fit before), half the run
+    and half the rows were read once per call: 144 ms (in this VM's trace such a fit foresaw 91 ms
+    for a step that took 264)."""
+    cost = DraftCost(batched=True)
+    for _ in range(3):
+        cost.record(1, 1, 0, 0.012, positions=1)
+        cost.record(16, 16, 0, 0.048, positions=1)
+    assert cost(16, 80, 0, 0.0, positions=5) == pytest.approx(0.240, rel=1e-2)
+
+
 def test_a_stalled_drafter_call_barely_moves_the_fit():
     """Calls of two positions took 0.02 s; one stalled at 2 s. Weighted by 1 / t^2 it counts 10^4
     times less than an ordinary call: the next prediction stays within 0.01 s of 0.02 s, where an
@@ -324,13 +339,13 @@ def test_a_probe_whose_catch_up_is_timed_apart_prices_drafts_at_what_they_took()
     """The INT4 drafter here: 7 ms a run and 2.6 ms a row per position, 1.9 ms a catch-up token. A probe
     (one row, one draft, 39 tokens caught up) takes 83.7 ms. Fitted together the catch-up term takes it
     all and 16 rows drafting cost under 1 ms; timed apart, the 9.6 ms draft is read 3:1 per run : per
-    row (o = a = 3.6 ms, s = b = 1.2 ms): 16 rows at one position 7.2 + 16 x 2.4 = 45.6 ms (48.9
-    measured), a catch-up token 74.1 / 39 = 1.9 ms."""
+    row at the position (a = 7.2 ms, b = 2.4 ms): 16 rows at one position 7.2 + 16 x 2.4 = 45.6 ms
+    (48.9 measured), a catch-up token 74.1 / 39 = 1.9 ms."""
     joint, timed = DraftCost(batched=True), DraftCost(batched=True)
     joint.record(1, 1, 39, PROBE_S, positions=1)
     timed.record(1, 1, 39, PROBE_S, positions=1, timed=PROBE_CATCH_UP)
     assert joint(16, 16, 0, 0.0, positions=1) < 0.001
-    assert timed(16, 16, 0, 0.0, positions=1) == pytest.approx(0.0456, rel=1e-3)
+    assert timed(16, 16, 0, 0.0, positions=1) == pytest.approx(0.0456, rel=2e-3)
     assert timed(1, 1, 0, 0.0, positions=1) == pytest.approx(PROBE_S - PROBE_CATCH_UP.seconds, rel=1e-3)
     assert timed(1, 0, 10, 0.0, positions=0) - timed(1, 0, 0, 0.0, positions=0) == pytest.approx(0.019, rel=1e-3)
 
