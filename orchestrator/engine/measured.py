@@ -166,9 +166,9 @@ class DraftCost:
         # ridge weights on (o, a, s, b, c): the terms the drafter's shape does not expect pay 1000x
         # (weights w give terms shares 1 / w). A batched drafter costs per position, a run (a) and each
         # row in it (b): its one-row calls split by their ratio, and calls of one position and several
-        # rows (a probe) tell b, where a per-sequence s would take the rows' time once per call and
-        # not per position (16 rows at 5 positions: 91 ms foreseen, 264 taken); o and s only where
-        # the calls demand them
+        # rows (a step drafting one token a row) tell b, where a per-sequence s would take the rows'
+        # time once per call, not per position (16 rows at 5 positions: 91 ms foreseen, 264 taken);
+        # o and s only where the calls demand them
         row = (1 - BATCHED_ROW_SHARE) / BATCHED_ROW_SHARE
         self._penalty = ridge * np.array([1e3, 1, 1e3, row, 1] if batched else [1e3, 1e3, 1, 1, 1], np.float64)
         self._xx = np.zeros((5, 5))
