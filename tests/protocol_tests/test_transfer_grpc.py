@@ -1,5 +1,6 @@
 """BlockTransfer on a real gRPC server on loopback: inline chunks and shm descriptors."""
 
+import re
 import subprocess
 import sys
 
@@ -80,3 +81,20 @@ def test_oversized_message_is_refused(server):
 def test_generated_code_is_fresh():
     result = subprocess.run([sys.executable, "-m", "protocol.gen_proto", "--check"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_freshness_check_reads_code_not_the_generators_version_stamps(tmp_path):
+    """A newer grpcio-tools writes the same code under a newer stamp: not stale. A changed line is."""
+    from protocol.gen_proto import ROOT, _code
+
+    for name in ("drafter_pb2_grpc.py", "drafter_pb2.py"):
+        committed = (ROOT / "protocol" / "pb" / name).read_text()
+        restamped = committed.replace("GRPC_GENERATED_VERSION = '", "GRPC_GENERATED_VERSION = '9.").replace(
+            "# Protobuf Python Version: ", "# Protobuf Python Version: 9.")
+        restamped = re.sub(r"(Domain\.PUBLIC,\s*)\d+", r"\g<1>99", restamped)
+        assert restamped != committed
+        (tmp_path / name).write_text(restamped)
+        assert _code(tmp_path / name) == _code(ROOT / "protocol" / "pb" / name)
+        (tmp_path / name).write_text(restamped.replace("import grpc", "import grpc  # edited", 1)
+                                     if "grpc" in name else restamped.replace("DESCRIPTOR", "DESCRIPTOR_", 1))
+        assert _code(tmp_path / name) != _code(ROOT / "protocol" / "pb" / name)
