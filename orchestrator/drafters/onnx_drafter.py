@@ -41,7 +41,6 @@ class OnnxDrafter(CachedDrafter):
     """
 
     name = "onnx"
-    BATCHED_TOKENS = 2  # rows with at most this many new tokens share runs, a token per run
 
     def __init__(self, model_dir: Path, device: str = "cpu", providers: list[str] | None = None,
                  provider_options: dict | None = None, num_threads: int | None = None):
@@ -83,14 +82,14 @@ class OnnxDrafter(CachedDrafter):
         # first together, then every row its last; a lone two-token row runs alone in one run
         out: list[torch.Tensor | None] = [None] * len(items)
         pairs = sum(len(new_ids) == 2 for _, _, new_ids in items)
-        joined = self.BATCHED_TOKENS if pairs >= 2 else 1
+        joined = 2 if pairs >= 2 else 1  # the most new tokens of a row that shares runs
         rows = [i for i, (_, _, new_ids) in enumerate(items) if len(new_ids) <= joined]
         for i, (_, seq, new_ids) in enumerate(items):
             if len(new_ids) > joined:
                 out[i] = torch.from_numpy(self._slots.run([(seq.cache.index, new_ids)])[0])
         for back in reversed(range(max((len(items[i][2]) for i in rows), default=0))):
             column = [i for i in rows if len(items[i][2]) > back]
-            logits = self._slots.run([(items[i][1].cache.index, items[i][2][-back - 1:][:1]) for i in column])
+            logits = self._slots.run([(items[i][1].cache.index, [items[i][2][-back - 1]]) for i in column])
             if back == 0:
                 for row, i in enumerate(column):
                     out[i] = torch.from_numpy(logits[row])
