@@ -283,7 +283,8 @@ def test_one_stalled_forward_does_not_move_a_measured_size():
 
 def test_a_batched_drafters_rows_cost_per_position_once_calls_of_several_rows_tell():
     """One row at one position took 12 ms, 16 rows at one position (a step drafting a token a row)
-    48 ms: a run costs a + 16 b, so b = 36 / 15 = 2.4 ms and a = 9.6 ms, and 16 rows at 5 positions 5 x (9.6 + 16 x 2.4) = 240 ms.
+    48 ms: a run costs a + 16 b, so b = 36 / 15 = 2.4 ms and a = 9.6 ms, and 16 rows at 5 positions
+    5 x (9.6 + 16 x 2.4) = 240 ms.
     With a per-call and a per-sequence term also free to take a share (the fit before), half the run
     and half the rows were read once per call: 144 ms (in this VM's trace such a fit foresaw 91 ms
     for a step that took 264)."""
