@@ -2,8 +2,13 @@
 
 Grid: workloads (chat / grounded / code) x concurrency (1 / 4 / 16 requests in the running batch)
 x {target-only, fixed k = 2, 4, 8, auto}, on one profile's target and drafter (built once). A cell
-runs every prompt of the workload at least once, in waves of `concurrency` requests admitted together
-(at x1, one prompt after another); throughput is the committed tokens over the waves' wall time. Each
+runs every prompt of the workload at least once, with `concurrency` requests in flight: when one
+finishes, the next prompt takes its place (a closed loop of `concurrency` clients, as serving benches
+run; at x1, one prompt after another); throughput is the committed tokens over the cell's wall time.
+`--waves` admits `concurrency` requests together and the next wave once all have finished instead: the
+batch thins out at every wave's tail, which the cost model, choosing k step by step, does not foresee
+(chat x4: k = 3 commits 2.72 tokens a sequence-step against k = 2's 2.39 in 1.13x the step time, yet
+loses 4-7% in waves, the mean batch 3.55 against 3.76). Each
 cell runs every configuration `--repeats` times, the order reversed every other repeat (ABBA), after
 a warm-up of each. Ratios are paired: auto's run against the other configuration's run in the same
 repeat (minutes apart at most, so a host that drifts between repeats cancels out), and the cell reports
@@ -11,7 +16,7 @@ the median of those ratios with their range. Goals (issue 14): auto >= 0.98x tar
 cell, >= 0.95x the best fixed k in every cell, and >= 1.05x the best fixed k in at least two.
 
     python bench/bench_control.py [--profile cpu] [--tokens 48] [--repeats 2] [--workloads chat,grounded,code]
-        [--concurrency 1,4,16]
+        [--concurrency 1,4,16] [--waves]
 
 Writes bench/figures/control-PROFILE.json (figures, spread of repeats, machine, commit).
 """
@@ -32,17 +37,25 @@ from common import machine_line, write_report
 FIXED = (2, 4, 8)
 
 
-def run_batch(engine, prompts: list[list[int]], tokens: int, wave: int) -> tuple[float, list[list[int]], dict]:
-    """The prompts in waves of `wave` admitted at once; -> (committed tokens per second, outputs, k choices)."""
+def run_batch(engine, prompts: list[list[int]], tokens: int, concurrency: int,
+              waves: bool = False) -> tuple[float, list[list[int]], dict]:
+    """The prompts with `concurrency` requests in flight: a finished request's place goes to the next
+    prompt at once (a closed loop of `concurrency` clients), or, `waves`, `concurrency` requests
+    admitted together and the next wave once all of them finish (the batch thins out at each wave's
+    tail). -> (committed tokens per second, outputs in prompt order, k choices)."""
     params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
     t0 = time.perf_counter()
-    seqs = []
-    for start in range(0, len(prompts), wave):
-        ids = [engine.add_request(p, params) for p in prompts[start:start + wave]]
-        while engine.has_work():
-            engine.step()
-        seqs += [engine.release(i) for i in ids]
+    queue, running, done = list(enumerate(prompts)), {}, {}
+    while queue or running:
+        if not waves or not running:
+            while queue and len(running) < concurrency:
+                index, prompt = queue.pop(0)
+                running[engine.add_request(prompt, params)] = index
+        for out in engine.step():
+            if out.finished:
+                done[running.pop(out.seq_id)] = engine.release(out.seq_id)
     elapsed = time.perf_counter() - t0
+    seqs = [done[i] for i in range(len(prompts))]
     ks: dict[int, int] = {}
     for s in seqs:
         for k, n in s.stats.steps_per_k.items():
@@ -57,6 +70,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--workloads", default="chat,grounded,code")
     ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--waves", action="store_true", help="admit requests in waves, not as places free up")
     args = ap.parse_args()
     env = machine_line()
     profile = load_profile(args.profile)
@@ -65,27 +79,28 @@ def main():
     k_auto = config.num_speculative_tokens if config.k_policy == "auto" else max(FIXED)
     configs = {"target-only": 0, **{f"k={k}": k for k in FIXED}, "auto": "auto"}
     report = {"environment": env, "profile": args.profile, "tokens": args.tokens, "repeats": args.repeats,
-              "cells": []}
+              "admission": "waves" if args.waves else "continuous", "cells": []}
     print(f"profile {args.profile}: {config.model} {config.dtype} on {config.device}, drafter {config.drafter_kind}; "
-          f"{args.tokens} tokens per request, {args.repeats} repeats (ABBA)", flush=True)
+          f"{args.tokens} tokens per request, {args.repeats} repeats (ABBA), "
+          f"{'waves' if args.waves else 'continuous admission'}", flush=True)
     for wl in args.workloads.split(","):
         _, items = load_workload(wl)
         encoded = [encode_prompt(parts.tokenizer, item.prompt, chat=item.chat) for item in items]
         for conc in [int(c) for c in args.concurrency.split(",")]:
-            waves = -(-len(encoded) // conc)  # enough waves for every prompt to run at least once
-            prompts = [encoded[i % len(encoded)] for i in range(conc * waves)]
+            rounds = -(-len(encoded) // conc)  # enough requests for every prompt to run at least once
+            prompts = [encoded[i % len(encoded)] for i in range(conc * rounds)]
             engines = {}
             for name, k in configs.items():  # fresh engines per cell: the cost model learns in the cell
                 policy = "auto" if k == "auto" else "fixed"
                 engines[name] = parts.engine(num_speculative_tokens=k_auto if k == "auto" else k,
                                              max_num_seqs=max(16, conc), k_policy=policy)
-                run_batch(engines[name], prompts[:min(conc, 2)], 8, conc)  # warm-up
+                run_batch(engines[name], prompts[:min(conc, 2)], 8, conc, args.waves)  # warm-up
             results: dict[str, list[float]] = {name: [] for name in configs}
             outputs, ks = {}, {}
             for rep in range(args.repeats):
                 order = list(configs) if rep % 2 == 0 else list(reversed(configs))
                 for name in order:
-                    tps, out, chosen = run_batch(engines[name], prompts, args.tokens, conc)
+                    tps, out, chosen = run_batch(engines[name], prompts, args.tokens, conc, args.waves)
                     results[name].append(tps)
                     outputs[name], ks[name] = out, chosen
             med = {name: statistics.median(v) for name, v in results.items()}
