@@ -149,14 +149,15 @@ class Engine:
         """Each sequence's k for this step, from the policy (the cost model sees the whole batch)."""
         candidates = [Candidate(seq.seq_id, self._draft_cap(seq), seq.num_tokens - self.target.kv_length(seq.seq_id),
                                 seq.acceptance, self._drafter_lag(seq), seq.remaining,
-                                ahead=self.overlap is not None and seq.params.greedy) for seq in seqs]
+                                ahead=self.overlap is not None and seq.params.greedy, opening=self._opening(seq))
+                      for seq in seqs]
         return self.policy.plan(candidates, {seq.seq_id: seq.draft_len for seq in seqs})
 
     def _propose(self, seqs: list[Sequence]) -> dict[int, DraftProposal]:
         drafts, requests = {}, []
         plan = self._plan(seqs) if self.drafter is not None else Plan({})
         self._expected = plan
-        threshold = self._confidence_threshold(plan)
+        threshold = self.policy.confidence_threshold(plan)
         for seq in seqs:
             k = plan.ks.get(seq.seq_id, 0)
             ahead = self._predrafted(seq)
@@ -175,7 +176,9 @@ class Engine:
             return drafts
         step_s = self._forward_s(seqs, plan.ks)  # for drafters weighing their cost against the target's
         requests = [replace(r, step_s=step_s) for r in requests]
+        opening, t0 = sum(self._opening(self.sequences[r.seq_id]) for r in requests), time.perf_counter()
         self.drafter.prepare([r.seq_id for r in requests])  # e.g. KV handoff: transfer spans of its own
+        self.policy.cost.record_opening(opening, time.perf_counter() - t0)
         t0 = time.perf_counter()
         flow = self.tracer.new_flow()
         self._flows.update((r.seq_id, flow) for r in requests)
@@ -197,19 +200,13 @@ class Engine:
                 seq.stats.num_fallback_steps += 1
         return drafts
 
-    def _confidence_threshold(self, plan: Plan) -> float:
-        """Early stop for greedy drafts, calibrated against acceptance (sampled drafts never stop early:
-        the proposal distribution must stay q for rejection sampling to be exact)."""
-        cost = self.policy.cost
-        return cost.confidence_threshold(cost.break_even(plan)) if self.policy.policy == "auto" else 0.0
-
     def _predrafted(self, seq: Sequence) -> DraftProposal | None:
         return None if self.overlap is None else self.overlap.predrafted(seq, self._draft_cap(seq))
 
     def _draft_ahead(self, seqs: list[Sequence], drafts: dict[int, DraftProposal]) -> None:
         lengths = {seq.seq_id: len(drafts[seq.seq_id].draft_ids) for seq in seqs}
         self.overlap.draft_ahead(seqs, drafts, {seq.seq_id: self._draft_cap(seq) for seq in seqs},
-                                 self._expected.ks, self._confidence_threshold(self._expected),
+                                 self._expected.ks, self.policy.confidence_threshold(self._expected),
                                  self._forward_s(seqs, lengths), self.num_steps)
 
     def _forward_s(self, seqs: list[Sequence], num_drafts: dict[int, int]) -> float:
@@ -227,6 +224,9 @@ class Engine:
         if seq.acceptance.drafted:
             return seq.drafter_lag
         return 1 if self.drafter.opens_caught_up else seq.num_tokens
+
+    def _opening(self, seq: Sequence) -> int:  # tokens a first draft takes over from the target's K/V
+        return 0 if seq.acceptance.drafted or not self.drafter.opens_caught_up else seq.num_tokens - 1
 
     def _draft_cap(self, seq: Sequence) -> int:
         """The most `seq` may draft now: its request's k, the tokens it still needs, the room left."""

@@ -12,7 +12,9 @@ p_s(j) is measured per draft position, per sequence, shrunk towards the drafter'
 the target's measured seconds for a forward over n tokens (per size, interpolated; unseen sizes follow
 a linear prior); D the drafter's seconds per call (`DraftCost`). A catch-up (committed tokens the
 drafter has not run: the prompt, the steps the sequence sat out) is paid once and serves every later
-draft, so it is spread over the steps the sequence still has. From k = 0 everywhere, the move raising
+draft, so it is spread over the steps the sequence still has; so is a hand-off (a self-drafter opened
+from the target's K/V at its first draft: measured per token, outside the drafter's call; unpriced,
+16 sequences on the edge of drafting all started at once and paid 30-60 ms each). From k = 0 everywhere, the move raising
 the expected rate most (drafts for one sequence, or positions for all the sequences at the longest
 draft, each looked ahead up to the cap) is made while one does. Where speculation does not pay, k = 0 and the sequence decodes
 plainly, re-examined every step; after a long run without drafts one cheap probe keeps the acceptance
@@ -41,6 +43,10 @@ PROBE_EVERY = 32  # after this many steps without any draft, one sequence drafts
 PROBE_BUDGET = 0.02  # ...once its extra cost is within this share of the time since the last draft
 CONFIDENCE_BINS = 20  # calibration of the drafter's own probability against acceptance
 CONFIDENCE_MIN_SAMPLES = 30  # a bin with fewer judged drafts does not stop anything
+# before a hand-off is timed, a token of K/V handed to the drafter costs this share of a draft token's
+# prior (the INT4 ONNX drafter from SmolLM2's pool on a 2-core EPYC: 28-60 ms for ~100 tokens, 0.3-0.6
+# ms a token, a draft token's prior 6-10 ms)
+PRIOR_OPENING_SHARE = 0.05
 
 
 def _next(cum: dict, c: "Candidate", k: int) -> float:
@@ -58,6 +64,7 @@ class Candidate:
     lag: int = 1  # committed tokens its drafter has not run (1 when it drafted last step)
     remaining: int = 1 << 30  # tokens it may still generate
     ahead: bool = False  # its next draft is drafted while the target verifies this step (greedy, overlap on)
+    opening: int = 0  # committed tokens its first draft takes over from the target's K/V (KV handoff), not run
 
 
 class Ahead(Protocol):
@@ -90,6 +97,7 @@ class CostModel:
         self.draft = DraftCost(batched_drafter)
         self.verify = VerifyCurve()
         self.ahead: Ahead | None = None  # set by `overlap.PreDrafter` when the engine drafts ahead
+        self._opening: list[float] | None = None  # [seconds, tokens] of timed hand-offs (decayed)
         self._steps_since_draft, self._idle_s = 0, 0.0
         # greedy drafts judged on their own (their prefix accepted), binned by the drafter's confidence
         self.confidence_drafted = [0.0] * CONFIDENCE_BINS
@@ -106,6 +114,23 @@ class CostModel:
 
     def record_forward(self, num_tokens: int, seconds: float) -> None:
         self.verify.record(num_tokens, seconds)
+
+    def record_opening(self, num_tokens: int, seconds: float) -> None:
+        """Sequences opened from the target's K/V of `num_tokens` committed tokens in `seconds` (the
+        drafter's `prepare`, outside its timed call)."""
+        if num_tokens:
+            t = self._opening or [0.0, 0.0]
+            self._opening = [0.97 * t[0] + seconds, 0.97 * t[1] + num_tokens]
+
+    def opening_seconds(self, num_tokens: int) -> float:
+        """A hand-off's expected seconds: what hand-offs took per token, or before any the prior's share
+        of a draft token."""
+        if not num_tokens:
+            return 0.0
+        if self._opening is None:
+            return PRIOR_OPENING_SHARE * self.draft(1, 1, 0, 0.1 * self.verify(1)) * num_tokens
+        seconds, tokens = self._opening
+        return seconds / tokens * num_tokens
 
     def record_verify(self, own: Acceptance, num_draft: int, num_accepted: int) -> None:
         if num_draft:
@@ -216,6 +241,9 @@ class CostModel:
         best = tokens / self.step_seconds(n, 0, 0, 0) if candidates else 0.0
         open_ = [c for c in candidates if c.k_cap > 0]
         amortised = {c.seq_id: self._amortised(c) for c in open_}
+        # a hand-off is paid once, like a catch-up: spread over the steps the sequence still has
+        opening = {c.seq_id: self.opening_seconds(c.opening) / self._steps_left(c) for c in open_}
+        opened = 0.0
         cum = {c.seq_id: self._cumulative(c) for c in open_}  # expected accepted drafts after j drafts
         while open_:
             moves = []  # (ratio, members, drafts added to each, gain)
@@ -224,7 +252,8 @@ class CostModel:
                 new = [c for c in members if ks[c.seq_id] == 0]
                 gain = sum(cum[c.seq_id][k + m] - cum[c.seq_id][k] for c in members)
                 t = self.step_seconds(n + m * len(members), drafting + len(new), drafted + m * len(members),
-                                      catch_up + sum(amortised[c.seq_id] for c in new), max(level, k + m), overlapped)
+                                      catch_up + sum(amortised[c.seq_id] for c in new), max(level, k + m), overlapped) \
+                    + opened + sum(opening[c.seq_id] for c in new)
                 moves.append(((tokens + gain) / t, members, m, gain))
 
             starters = sorted((c for c in open_ if ks[c.seq_id] == 0), key=lambda c: -cum[c.seq_id][1])
@@ -251,6 +280,7 @@ class CostModel:
             for c in members:
                 if ks[c.seq_id] == 0:
                     drafting, catch_up = drafting + 1, catch_up + amortised[c.seq_id]
+                    opened += opening[c.seq_id]
                 ks[c.seq_id] += m
                 level = max(level, ks[c.seq_id])
             open_ = [c for c in open_ if ks[c.seq_id] < c.k_cap]
@@ -261,13 +291,15 @@ class CostModel:
         if not drafted and probe and self._steps_since_draft >= PROBE_EVERY:
             # nothing drafted for a while: one draft from the sequence cheapest to catch up keeps the
             # drafter's acceptance estimate from going stale, once it costs a small share of the time
-            c = min(probe, key=lambda c: c.lag)
-            if self.step_seconds(n + 1, 1, 1, c.lag - 1, 1) - self.verify(n) <= PROBE_BUDGET * self._idle_s:
+            c = min(probe, key=lambda c: (c.lag, c.opening))
+            extra = self.step_seconds(n + 1, 1, 1, c.lag - 1, 1) + self.opening_seconds(c.opening) - self.verify(n)
+            if extra <= PROBE_BUDGET * self._idle_s:
                 ks[c.seq_id] = 1
                 tokens += self.p_through(c.acceptance, 0)
                 n, drafting, drafted, catch_up, level = n + 1, 1, 1, c.lag - 1, 1
                 self._steps_since_draft, self._idle_s, overlapped = 0, 0.0, False  # drafted afresh
-        expected_s = self.step_seconds(n, drafting, drafted, catch_up, level, overlapped) if self.verify.measured else 0.0
+        expected_s = self.step_seconds(n, drafting, drafted, catch_up, level, overlapped) \
+            + sum(self.opening_seconds(c.opening) for c in candidates if ks[c.seq_id]) if self.verify.measured else 0.0
         return Plan(ks, tokens, expected_s, n, overlapped)
 
     def _cumulative(self, c: Candidate) -> list[float]:
@@ -277,8 +309,10 @@ class CostModel:
     def _amortised(self, c: Candidate) -> float:
         """A catch-up is paid once for all the steps the sequence will then draft in: spread over the
         steps it still needs at the pace a one-token draft would give it."""
-        steps_left = max(1.0, c.remaining / (1.0 + self.p_through(c.acceptance, 0)))
-        return (c.lag - 1) / steps_left
+        return (c.lag - 1) / self._steps_left(c)
+
+    def _steps_left(self, c: Candidate) -> float:
+        return max(1.0, c.remaining / (1.0 + self.p_through(c.acceptance, 0)))
 
     def evaluate(self, candidates: list[Candidate], ks: dict[int, int]) -> Plan:
         """What the model expects of a step with these k (a fixed rule's choice, say)."""
@@ -289,7 +323,7 @@ class CostModel:
         n = sum(c.pending for c in candidates) + drafted
         positions, overlapped = max(ks.values(), default=0), self.overlapped(candidates)
         expected_s = self.step_seconds(n, len(drafting), drafted, catch_up, positions, overlapped) \
-            if self.verify.measured else 0.0
+            + sum(self.opening_seconds(c.opening) for c in drafting) if self.verify.measured else 0.0
         return Plan(ks, tokens, expected_s, n, overlapped)
 
 
@@ -307,6 +341,11 @@ class KPolicy:
         self.disable_by_batch_size = disable_by_batch_size
         self.draft_len_schedule = tuple(draft_len_schedule)
         self.cost = CostModel(k_max, batched_drafter=batched_drafter)
+
+    def confidence_threshold(self, plan: Plan) -> float:
+        """Early stop for greedy drafts under `auto`, calibrated against acceptance (sampled drafts never
+        stop early: the proposal distribution must stay q for rejection sampling to be exact)."""
+        return self.cost.confidence_threshold(self.cost.break_even(plan)) if self.policy == "auto" else 0.0
 
     def plan(self, candidates: list[Candidate], draft_lens: dict[int, int]) -> Plan:
         """k for each candidate; `draft_lens` are the adaptive policy's per-sequence lengths."""

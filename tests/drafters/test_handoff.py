@@ -118,7 +118,8 @@ def test_kv_handoff_auto_is_on_for_a_self_drafter_only(target, smollm2, kv_hando
 
 def test_cost_model_charges_a_handed_off_drafter_no_prompt_catch_up(target, drafter, smollm2, smollm2_tokenizer):
     """Before its first draft a sequence's drafter lags by every committed token, less the prompt where
-    the prompt's K/V was handed over: what the cost model charges the first draft."""
+    the prompt's K/V was handed over: what the cost model charges the first draft; the hand-off itself
+    is charged apart, at what hand-offs took per token."""
     ids = smollm2_tokenizer(GROUNDED).input_ids
     params = SamplingParams(max_new_tokens=8, ignore_eos=True)
     for wrapped, lag in ((False, len(ids) + 1), (True, 1)):
@@ -128,9 +129,12 @@ def test_cost_model_charges_a_handed_off_drafter_no_prompt_catch_up(target, draf
         seq = engine.sequences[seq_id]
         assert engine.drafter.opens_caught_up == wrapped and not seq.acceptance.drafted
         assert engine._drafter_lag(seq) == lag
+        assert engine._opening(seq) == (len(ids) if wrapped else 0)  # charged as a hand-off instead
         while engine.has_work():
             engine.step()
         engine.release(seq_id)
+        timed = engine.policy.cost._opening  # the hand-off was timed: [seconds, tokens]
+        assert (timed is not None and timed[0] > 0 and timed[1] == len(ids)) == wrapped
 
 
 def test_a_sequence_that_never_drafts_moves_no_kv_and_a_late_one_catches_up_on_nothing(

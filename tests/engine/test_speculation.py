@@ -1,5 +1,7 @@
 """The k policies: the cost model's choices against hand-computed tables, and the fixed-rule baselines."""
 
+from dataclasses import replace
+
 import pytest
 
 from orchestrator.engine import CatchUp
@@ -456,3 +458,24 @@ def test_before_any_drafter_call_catching_up_is_not_free():
     assert set(m.plan(caught_up).ks.values()) != {0}
     behind = [decoding(i, lag=45, remaining=48) for i in range(16)]
     assert set(m.plan(behind).ks.values()) == {0}
+
+
+@pytest.mark.parametrize("opening_per_token, starts", [(None, False), (0.0, True), (0.01, False)])
+def test_a_hand_off_is_priced_like_a_catch_up(opening_per_token, starts):
+    """The case above with nothing to catch up (16 rows drafting one token: 25.6 / (V(32) 1.31 + 0.475)
+    = 14.3 > 13.9 tokens per unit), but each sequence's first draft takes over 45 tokens of the
+    target's K/V. Hand-offs timed at 0.01 a token: 0.45 a sequence, spread over its 30 steps, 16 x
+    0.015 = 0.24 more: 12.6, and alone 16.6 / (1.16 + 0.1 + 0.015) = 13.0: none starts. Before any is
+    timed, a token costs 5% of a draft token's prior (0.005): 16 x 0.0075 more, 13.4: none starts
+    either. Timed free (an n-gram drafter, say) they all start. A plan whose sequences do start pays the
+    hand-offs whole."""
+    m = CostModel(8, batched_drafter=True)
+    for n, seconds in linear(1.0, 0.01, up_to=160).items():
+        m.record_forward(n, seconds)
+    if opening_per_token is not None:
+        m.record_opening(100, 100 * opening_per_token)
+    batch = [replace(decoding(i, lag=1, remaining=48), opening=45) for i in range(16)]
+    assert (set(m.plan(batch).ks.values()) != {0}) == starts
+    assert m.opening_seconds(45) == pytest.approx(45 * (0.005 if opening_per_token is None else opening_per_token))
+    forced = m.evaluate(batch, {c.seq_id: 1 for c in batch})
+    assert forced.expected_s == pytest.approx(1.31 + 0.475 + 16 * m.opening_seconds(45))
