@@ -29,6 +29,7 @@ class CachedDrafter(Drafter):
     """A drafter over a model with a KV cache; subclasses run the model and trim its cache."""
 
     max_length: int = 1 << 31
+    stops_early = True
 
     def __init__(self):
         self._seqs: dict[int, CachedSequence] = {}
@@ -170,6 +171,7 @@ class _Drafting:
         self.ids: list[int] = []
         self.probs: list[torch.Tensor] = []
         self.confidence: list[float] = []
+        self.joint = 1.0  # the drafter's probability of the whole draft so far
         self.done = False
 
     def take(self, logits: torch.Tensor) -> None:
@@ -182,9 +184,12 @@ class _Drafting:
         else:
             token = int(torch.argmax(logits))
             p = float(1.0 / torch.exp(logits - logits[token]).sum())  # softmax at the argmax
-        if p < r.min_confidence:  # the drafter doubts this one: stop here (early stop)
+        # early stop: the drafter doubts the draft up to here; past the plan's k only a confident run goes on
+        past_plan = r.planned is not None and len(self.ids) >= r.planned
+        if self.joint * p < (max(r.min_confidence, r.stretch_confidence) if past_plan else r.min_confidence):
             self.done = True
             return
+        self.joint *= p
         self.ids.append(token)
         self.confidence.append(p)
         if r.temperature > 0:

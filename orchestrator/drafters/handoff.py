@@ -42,6 +42,7 @@ class KvHandoffDrafter(Drafter):
         self.device = inner.device
         self.batched = inner.batched  # the cost model's prior: one run drafts a position for every sequence
         self.overlaps = inner.overlaps
+        self.stops_early = inner.stops_early
         self.bytes_sent = 0
         self._pending: dict[int, list[int]] = {}  # started, not handed off yet: committed tokens
         self._target_track = target_track(target.device)

@@ -174,7 +174,7 @@ class MtpDrafter(Drafter):
             ids = torch.tensor(seq.tokens[start + 1:last + 1], device=seq.hidden.device)
             features, seq.logits = runner.step(seq.hidden[start:last], ids, seq.cache, start)
             seq.feature, seq.num_run = features[-1], last
-        feature, logits, ids, probs, confidence = seq.feature, seq.logits, [], [], []
+        feature, logits, ids, probs, confidence, joint = seq.feature, seq.logits, [], [], [], 1.0
         for j in range(k):  # logits: [draft vocab] after the last token
             if temperature > 0:
                 full = logits.new_full((self.config.vocab_size,), float("-inf"))
@@ -186,8 +186,9 @@ class MtpDrafter(Drafter):
                 i = int(torch.argmax(logits))
                 token = int(runner.draft_ids[i])
                 conf = float(1.0 / torch.exp(logits - logits[i]).sum())
-            if conf < min_confidence:
+            if joint * conf < min_confidence:  # early stop: the draft up to here is doubtful
                 break
+            joint *= conf
             ids.append(token)
             confidence.append(conf)
             if temperature > 0:

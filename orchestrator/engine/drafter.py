@@ -35,9 +35,14 @@ class DraftRequest:
     top_k: int = 0
     top_p: float = 1.0
     generator: torch.Generator | None = None
-    # stop drafting at the first token the drafter itself gives less than this probability
-    # (confidence early stop; drafters without a model ignore it)
+    # stop drafting once the drafter's own probability of the whole draft so far (the product of its
+    # probabilities of the draft tokens) is below this (confidence early stop; drafters without a model
+    # ignore it)
     min_confidence: float = 0.0
+    # the cost model's k when `k` is larger: drafts past it are taken only while that probability stays
+    # >= `stretch_confidence` (a confident run drafts on; drafters that `stops_early` honour it)
+    planned: int | None = None
+    stretch_confidence: float = 1.0
     # the target's expected seconds for this step's forward (0: not measured yet), for drafters that
     # weigh their own cost against it (several drafters combined)
     step_s: float = 0.0
@@ -81,6 +86,9 @@ class Drafter(ABC):
     # True where the drafter reads the target's last-layer hidden states (an MTP drafter): the engine
     # hands it those of every newly committed position as a HIDDEN_STATE block (`accept_hidden`)
     reads_hidden: bool = False
+    # True where `propose_batch` applies `DraftRequest.min_confidence` and `planned` / `stretch_confidence`
+    # (a model drafter in this process): the engine may then ask for more than the plan's k
+    stops_early: bool = False
     # True where a sequence's first draft finds every committed token but the newest in the drafter (KV
     # handoff of the target's K/V at that draft, an n-gram index): the cost model charges it no catch-up
     opens_caught_up: bool = False

@@ -157,7 +157,7 @@ class Engine:
         drafts, requests = {}, []
         plan = self._plan(seqs) if self.drafter is not None else Plan({})
         self._expected = plan
-        threshold = self.policy.confidence_threshold(plan)
+        threshold, stretch = self.policy.early_stop(plan, self.drafter is not None and self.drafter.stops_early)
         for seq in seqs:
             k = plan.ks.get(seq.seq_id, 0)
             ahead = self._predrafted(seq)
@@ -170,8 +170,9 @@ class Engine:
                 drafts[seq.seq_id] = DraftProposal(draft_ids=[])
                 continue
             p = seq.params
-            requests.append(DraftRequest(seq.seq_id, k, p.temperature, p.top_k, p.top_p, seq.generator,
-                                         threshold if p.greedy else 0.0))
+            far = stretch is not None and p.greedy  # a confident run may draft on past k, to the cap
+            requests.append(DraftRequest(seq.seq_id, self._draft_cap(seq) if far else k, p.temperature, p.top_k,
+                                         p.top_p, seq.generator, threshold if p.greedy else 0.0, k, stretch or 1.0))
         if not requests:
             return drafts
         step_s = self._forward_s(seqs, plan.ks)  # for drafters weighing their cost against the target's
@@ -321,11 +322,12 @@ class Engine:
         stats.steps_per_k[k] = stats.steps_per_k.get(k, 0) + 1
         # for the cost model a planned draft the drafter declined (early stop, no n-gram match) counts as
         # judged and rejected: its rates are P(drafted and accepted), what a plan of k drafts commits
-        planned = num_draft if draft.unavailable else max(num_draft, k)
+        # (drafts past the plan, a confident run, were chosen for it: they do not count in the plan's rates)
+        planned = num_draft if draft.unavailable else k if 0 < k < num_draft else max(num_draft, k)
         stats.expected_committed += self.policy.cost.expected_tokens(seq.acceptance, planned)
-        self.policy.cost.record_verify(seq.acceptance, planned, num_accepted)
+        self.policy.cost.record_verify(seq.acceptance, planned, min(num_accepted, planned))
         if draft.confidence and seq.params.greedy:
-            self.policy.cost.record_confidence(draft.confidence, num_accepted)
+            self.policy.cost.confidence.record(draft.confidence, num_accepted)
         # the drafter cached its accepted drafts: only the recovered/bonus token is new to it
         seq.drafter_lag = 1 if num_draft else seq.drafter_lag + num_committed
         if num_draft:
@@ -378,8 +380,6 @@ class Engine:
     @property
     def num_preemptions_recompute(self) -> int:
         return self.preempter.num_recompute
-
-    # ---- convenience -----------------------------------------------------------------
 
     def generate(self, prompt_ids: list[int], params: SamplingParams,
                  on_output: Callable[[StepOutput], None] | None = None) -> Sequence:

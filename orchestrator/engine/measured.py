@@ -17,6 +17,8 @@ PRIOR_CATCH_UP_SHARE = 0.3
 # a batched drafter's one-row calls, until calls of several rows tell: this share is per row, the rest per
 # run (the INT4 ONNX drafter on a 2-core Xeon: 7 ms a run + 2.6 ms a row, per position; 16 rows cost 5x one)
 BATCHED_ROW_SHARE = 0.25
+CONFIDENCE_BINS = 20  # calibration of the drafter's own probability against acceptance
+CONFIDENCE_MIN_SAMPLES = 30  # a bin with fewer judged drafts decides nothing
 
 
 class Recent:
@@ -70,6 +72,51 @@ class Acceptance:
         n = self.judged[j] if j < len(self.judged) else 0.0
         a = self.accepted[j] if j < len(self.accepted) else 0.0
         return (a + weight * prior) / (n + weight)
+
+
+class ConfidenceBins:
+    """The drafter's probability of its greedy drafts against acceptance (early stop, seed 003 6.1): each
+    draft token binned by the drafter's probability of the whole draft up to it (the running product),
+    against whether drafts 1..j were all accepted, which is what its j-th token is worth."""
+
+    def __init__(self):
+        self.drafted = [0.0] * CONFIDENCE_BINS
+        self.accepted = [0.0] * CONFIDENCE_BINS
+
+    def record(self, confidence: list[float], num_accepted: int) -> None:
+        """The drafter's probability of each draft token of one draft, `num_accepted` of them accepted."""
+        joint = 1.0
+        for j, p in enumerate(confidence):
+            joint *= p
+            b = min(int(joint * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
+            self.drafted[b] = self.drafted[b] * 0.999 + 1.0
+            self.accepted[b] = self.accepted[b] * 0.999 + (j < num_accepted)
+
+    def rate(self, b: int) -> float | None:
+        """Bin b's acceptance, or None while it holds too few drafts to say."""
+        return self.accepted[b] / self.drafted[b] if self.drafted[b] >= CONFIDENCE_MIN_SAMPLES else None
+
+    def threshold(self, break_even: float) -> float:
+        """Where drafting stops: below the lowest confidence from which every calibrated bin's acceptance
+        reaches `break_even`, the acceptance a draft token must have to pay for itself; 0 (no stop) until
+        the bins are measured."""
+        for b in reversed(range(CONFIDENCE_BINS)):
+            rate = self.rate(b)
+            if rate is not None and rate < break_even:
+                return (b + 1) / CONFIDENCE_BINS
+        return 0.0
+
+    def stretch_threshold(self, break_even: float) -> float | None:
+        """How confident a draft must stay to run on past the plan's k: the lowest edge of the bins that,
+        from the top down, are all measured and reach `break_even`; None where the top one does not (an
+        unmeasured confidence stretches nothing)."""
+        threshold = None
+        for b in reversed(range(CONFIDENCE_BINS)):
+            rate = self.rate(b)
+            if rate is None or rate < break_even:
+                break
+            threshold = b / CONFIDENCE_BINS
+        return threshold
 
 
 class VerifyCurve:

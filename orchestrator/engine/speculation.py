@@ -26,6 +26,11 @@ that outlasts it: T = V(n) + (1 - hit rate) D(k) + max(0, ahead factor x D(k + 1
 hit rate and the pre-draft's slowdown measured by the gate. k then settles where the pre-draft fits
 under the verify (`CostModel.step_seconds`).
 
+Greedy drafts stop early once the drafter's probability of the whole draft so far falls where the
+observed acceptance does not pay for a draft token, and may run on past the plan's k, up to the cap,
+while it stays where acceptance pays for a token drafted past the plan (`KPolicy.early_stop`,
+`measured.ConfidenceBins`).
+
 Fixed rules stay as baselines: a constant k, HF's +2/-1 heuristic, vLLM's `disable_by_batch_size`
 and TensorRT-LLM's `draft_len_schedule` (batch size -> k).
 """
@@ -35,14 +40,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from orchestrator.engine.drafter import CatchUp
-from orchestrator.engine.measured import Acceptance, DraftCost, VerifyCurve
+from orchestrator.engine.measured import Acceptance, ConfidenceBins, DraftCost, VerifyCurve
 
 PRIOR_ACCEPTANCE = 0.6  # p(1) before anything is measured; p(j) = prior ** j
 PRIOR_WEIGHT = 8.0  # drafts a sequence must see before its own counts outweigh the drafter's
 PROBE_EVERY = 32  # after this many steps without any draft, one sequence drafts one token...
 PROBE_BUDGET = 0.02  # ...once its extra cost is within this share of the time since the last draft
-CONFIDENCE_BINS = 20  # calibration of the drafter's own probability against acceptance
-CONFIDENCE_MIN_SAMPLES = 30  # a bin with fewer judged drafts does not stop anything
 # before a hand-off is timed, a token of K/V handed to the drafter costs this share of a draft token's
 # prior (the INT4 ONNX drafter from SmolLM2's pool on a 2-core EPYC: 28-60 ms for ~100 tokens, 0.3-0.6
 # ms a token, a draft token's prior 6-10 ms)
@@ -99,9 +102,7 @@ class CostModel:
         self.ahead: Ahead | None = None  # set by `overlap.PreDrafter` when the engine drafts ahead
         self._opening: list[float] | None = None  # [seconds, tokens] of timed hand-offs (decayed)
         self._steps_since_draft, self._idle_s = 0, 0.0
-        # greedy drafts judged on their own (their prefix accepted), binned by the drafter's confidence
-        self.confidence_drafted = [0.0] * CONFIDENCE_BINS
-        self.confidence_accepted = [0.0] * CONFIDENCE_BINS
+        self.confidence = ConfidenceBins()  # the drafter's probability of its greedy drafts vs acceptance
 
     # ---- measurements ------------------------------------------------------------------------
 
@@ -138,24 +139,6 @@ class CostModel:
             self.drafter_acceptance.record(num_draft, num_accepted, decay=0.995)
             self._pooled = None
 
-    def record_confidence(self, confidence: list[float], num_accepted: int) -> None:
-        """The drafter's probability of each greedy draft token, against whether it was accepted
-        (tokens after the first rejection were never judged)."""
-        for j, p in enumerate(confidence[:num_accepted + 1]):
-            b = min(int(p * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
-            self.confidence_drafted[b] = self.confidence_drafted[b] * 0.999 + 1.0
-            self.confidence_accepted[b] = self.confidence_accepted[b] * 0.999 + (j < num_accepted)
-
-    def confidence_threshold(self, break_even: float) -> float:
-        """Early stop (seed 003, 6.1): the drafter stops below the lowest confidence from which every
-        calibrated bin's acceptance reaches `break_even`, the acceptance a draft token must have to pay
-        for itself; 0 (no stop) until the bins are measured."""
-        for b in reversed(range(CONFIDENCE_BINS)):
-            drafted = self.confidence_drafted[b]
-            if drafted >= CONFIDENCE_MIN_SAMPLES and self.confidence_accepted[b] / drafted < break_even:
-                return (b + 1) / CONFIDENCE_BINS
-        return 0.0
-
     def break_even(self, plan: Plan) -> float:
         """The acceptance probability at which a draft token pays: the plan's time per draft token
         (drafting and the verify's extra tokens, averaged over its drafts: one size's noise in the
@@ -168,6 +151,18 @@ class CostModel:
         step = self.step_seconds(n, len(ks), drafted, 0, max(ks), plan.overlapped)
         per_draft = (step - self.verify(n - drafted)) / drafted
         return per_draft * plan.expected_tokens / plan.expected_s
+
+    def stretch_break_even(self, plan: Plan) -> float:
+        """The acceptance at which a draft token past the plan pays: one sequence drafting 4 more
+        positions past the plan's longest (a run of its own each, a batched drafter's row alone), with
+        the verify's extra tokens, per token, times the tokens per second the plan expects."""
+        ks = [k for k in plan.ks.values() if k]
+        if not plan.expected_s or not ks or not self.draft.measured:
+            return float("inf")
+        n, drafted, level, more = plan.num_tokens, sum(ks), max(ks), 4
+        base = self.step_seconds(n, len(ks), drafted, 0, level, plan.overlapped)
+        longer = self.step_seconds(n + more, len(ks), drafted + more, 0, level + more, plan.overlapped)
+        return (longer - base) / more * plan.expected_tokens / plan.expected_s
 
     # ---- the choice ----------------------------------------------------------------------------
 
@@ -341,11 +336,21 @@ class KPolicy:
         self.disable_by_batch_size = disable_by_batch_size
         self.draft_len_schedule = tuple(draft_len_schedule)
         self.cost = CostModel(k_max, batched_drafter=batched_drafter)
+        self.stretch = True  # confident greedy drafts may run past the plan's k (off: an ablation in benches)
 
     def confidence_threshold(self, plan: Plan) -> float:
         """Early stop for greedy drafts under `auto`, calibrated against acceptance (sampled drafts never
         stop early: the proposal distribution must stay q for rejection sampling to be exact)."""
-        return self.cost.confidence_threshold(self.cost.break_even(plan)) if self.policy == "auto" else 0.0
+        return self.cost.confidence.threshold(self.cost.break_even(plan)) if self.policy == "auto" else 0.0
+
+    def early_stop(self, plan: Plan, stretches: bool) -> tuple[float, float | None]:
+        """(`confidence_threshold`, and for a drafter that `stops_early` under `auto`, how confident a
+        greedy draft must stay to run on past the plan's k, up to the cap (a confident run: a grounded
+        copy, boilerplate); None: not past k)."""
+        stretch = None
+        if stretches and self.stretch and self.policy == "auto":
+            stretch = self.cost.confidence.stretch_threshold(self.cost.stretch_break_even(plan))
+        return self.confidence_threshold(plan), stretch
 
     def plan(self, candidates: list[Candidate], draft_lens: dict[int, int]) -> Plan:
         """k for each candidate; `draft_lens` are the adaptive policy's per-sequence lengths."""

@@ -6,6 +6,7 @@ import torch
 from orchestrator.assemble import build_engine
 from orchestrator.config import EngineConfig, SamplingParams, TorchDrafterConfig
 from orchestrator.drafters.torch_drafter import TorchDrafter
+from orchestrator.engine import DraftRequest
 
 from conftest import draft_rounds, tiny_checkpoint
 from prompts import PROMPTS
@@ -116,16 +117,41 @@ def test_a_drafter_from_another_checkpoint_with_the_same_vocabulary_is_lossless(
     assert seq.output_ids == plain.generate(ids, params).output_ids and seq.stats.num_drafted > 0
 
 
-def test_a_drafter_stops_at_its_first_doubtful_token(tmp_path):
+def _joint(confidence: list[float]) -> list[float]:
+    """The drafter's probability of the whole draft through each token."""
+    out, p = [], 1.0
+    for c in confidence:
+        p *= c
+        out.append(p)
+    return out
+
+
+def test_a_drafter_stops_once_the_whole_draft_is_doubtful(tmp_path):
     drafter = _drafter(tmp_path)
     drafter.start(0, [5, 9, 12, 40])
     full = drafter.propose(0, 4)
     assert len(full.draft_ids) == 4 and len(full.confidence) == 4 and all(0 < p <= 1 for p in full.confidence)
+    joint = _joint(full.confidence)
+    threshold = (joint[1] + joint[2]) / 2  # between the second and third token's joint probability
     drafter.rollback(0, 0)
-    cut = drafter.propose(0, 4, min_confidence=min(full.confidence[1:]) + 1e-6)
-    first_low = next(i for i, p in enumerate(full.confidence) if p < min(full.confidence[1:]) + 1e-6)
-    assert cut.draft_ids == full.draft_ids[:first_low] and cut.confidence == full.confidence[:first_low]
+    cut = drafter.propose(0, 4, min_confidence=threshold)
+    assert cut.draft_ids == full.draft_ids[:2] and cut.confidence == full.confidence[:2]
     assert drafter.propose(0, 4, min_confidence=1.01).draft_ids == []
+
+
+def test_past_the_planned_k_a_draft_goes_on_only_while_it_stays_confident(tmp_path):
+    drafter = _drafter(tmp_path)
+    drafter.start(0, [5, 9, 12, 40])
+    full = drafter.propose(0, 6)
+    joint = _joint(full.confidence)
+    ask = lambda stretch: drafter.propose_batch(  # noqa: E731
+        [DraftRequest(0, 6, planned=2, stretch_confidence=stretch)])[0].draft_ids
+    assert ask(1.01) == full.draft_ids[:2]  # the plan's 2, however doubtful (no early stop asked)
+    assert ask(0.0) == full.draft_ids  # up to k
+    assert ask((joint[3] + joint[4]) / 2) == full.draft_ids[:4]
+    # the stretch never cuts inside the plan, the early stop does
+    stop = DraftRequest(0, 6, min_confidence=(joint[0] + joint[1]) / 2, planned=2, stretch_confidence=0.0)
+    assert drafter.propose_batch([stop])[0].draft_ids == full.draft_ids[:1]
 
 
 def test_batched_drafts_equal_one_by_one(tmp_path):

@@ -155,6 +155,30 @@ def test_auto_k_is_lossless_in_a_batch_while_k_changes(target, smollm2, smollm2_
     assert target.pool.num_free_blocks == target.pool.num_blocks
 
 
+def test_confident_drafts_run_past_the_planned_k_and_stay_lossless(target, smollm2, smollm2_tokenizer, reference,
+                                                                   onnx_drafter):
+    """With the confidence bins calibrated (here by hand: a draft the drafter gives >= 0.5 is accepted
+    every time), greedy drafts go on past the cost model's k while the whole draft stays that likely:
+    more drafts than the plans asked for, output still the target's."""
+    engine = make_engine(target, smollm2_tokenizer, smollm2, onnx_drafter, k=8, k_policy="auto")
+    for _ in range(40):
+        for p in (0.99, 0.9, 0.8, 0.7, 0.6, 0.5):
+            engine.policy.cost.confidence.record([p], num_accepted=1)
+    prompts = [GROUNDED, list(reference)[1]]
+    ids = {engine.add_request(smollm2_tokenizer(p).input_ids, SamplingParams(max_new_tokens=128, ignore_eos=True)): p
+           for p in prompts}
+    while engine.has_work():
+        engine.step()
+    drafted = planned = 0
+    for seq_id, prompt in ids.items():
+        seq = engine.release(seq_id)
+        assert seq.output_ids == reference[prompt], prompt
+        drafted += seq.stats.num_drafted
+        planned += sum(k * n for k, n in seq.stats.steps_per_k.items())
+    assert drafted > planned > 0, (drafted, planned)
+    assert target.pool.num_free_blocks == target.pool.num_blocks
+
+
 def test_onnx_drafter_sampling_path_runs_and_is_seeded(target, smollm2, smollm2_tokenizer, onnx_drafter):
     engine = make_engine(target, smollm2_tokenizer, smollm2, onnx_drafter, k=3)
     ids = smollm2_tokenizer(PROMPTS[0]).input_ids

@@ -174,15 +174,59 @@ def test_fixed_rules(batch, disable, schedule, expected):
 
 def test_confidence_early_stop_threshold_is_calibrated_on_acceptance():
     m = CostModel(8)
-    assert m.confidence_threshold(0.5) == 0.0  # nothing calibrated yet: no early stop
+    assert m.confidence.threshold(0.5) == 0.0  # nothing calibrated yet: no early stop
     for i in range(50):
-        m.record_confidence([0.92], num_accepted=int(i % 10 != 0))  # 90% of confident drafts accepted
-        m.record_confidence([0.31], num_accepted=int(i % 5 == 0))  # 20% of doubtful ones
+        m.confidence.record([0.92], num_accepted=int(i % 10 != 0))  # 90% of confident drafts accepted
+        m.confidence.record([0.31], num_accepted=int(i % 5 == 0))  # 20% of doubtful ones
     # bin [0.30, 0.35) falls short of a 0.5 break-even: stop below 0.35; the 0.9 bin stands
-    assert m.confidence_threshold(0.5) == pytest.approx(0.35)
-    assert m.confidence_threshold(0.1) == 0.0  # both pay when a draft is that cheap
-    m.record_confidence([0.95, 0.95, 0.1], num_accepted=1)  # only the first rejection is judged
-    assert m.confidence_drafted[2] == 0.0
+    assert m.confidence.threshold(0.5) == pytest.approx(0.35)
+    assert m.confidence.threshold(0.1) == 0.0  # both pay when a draft is that cheap
+
+
+def test_confidence_is_binned_by_the_whole_drafts_probability_against_all_drafts_so_far_accepted():
+    """0.9 x 0.8 x 0.5: the three tokens fall in the bins of 0.9, 0.72 and 0.36; with the first accepted
+    and the second rejected, only the first counts as accepted, and the third (never judged on its own)
+    counts against its bin: a draft through it was not accepted."""
+    bins = CostModel(8).confidence
+    bins.record([0.9, 0.8, 0.5], num_accepted=1)
+    assert [b for b, n in enumerate(bins.drafted) if n] == [7, 14, 18]
+    assert bins.accepted[18] == 1.0 and bins.accepted[14] == 0.0 and bins.accepted[7] == 0.0
+
+
+def test_a_draft_runs_past_the_plan_only_from_measured_confident_bins_that_pay():
+    """Bins from the top: 0.95+ accepted 95%, 0.9+ 70%, 0.85+ 40%. At a break-even of 0.6 a draft past
+    the plan goes on while the whole draft's probability is >= 0.9; at 0.3, >= 0.85; at 0.96 none. A
+    gap at the top (0.95+ never measured) stretches nothing, whatever the rest."""
+    bins = CostModel(8).confidence
+    for i in range(40):
+        bins.record([0.97], num_accepted=int(i % 20 != 0))
+        bins.record([0.92], num_accepted=int(i % 10 < 7))
+        bins.record([0.87], num_accepted=int(i % 10 < 4))
+    assert bins.stretch_threshold(0.6) == pytest.approx(0.90)
+    assert bins.stretch_threshold(0.3) == pytest.approx(0.85)
+    assert bins.stretch_threshold(0.96) is None
+    gap = CostModel(8).confidence
+    for _ in range(40):
+        gap.record([0.92], num_accepted=1)
+    assert gap.stretch_threshold(0.1) is None
+
+
+def test_the_stretch_break_even_prices_positions_a_sequence_drafts_alone_past_the_plan():
+    """One sequence at k = 1 (verify 1.0 + 0.1 a token, 0.2 a draft token): 4 drafts more add 0.4 of
+    verify and 0.8 of drafting, 0.3 s a token, times the plan's expected rate."""
+    m = model(linear(1.0, 0.1), 0.2)
+    plan = m.plan([decoding(0)])
+    assert plan.ks == {0: 1}
+    rate = plan.expected_tokens / plan.expected_s
+    assert m.stretch_break_even(plan) == pytest.approx(0.3 * rate, rel=1e-3)
+    policy = KPolicy("auto", 8)
+    policy.cost = m
+    assert policy.early_stop(plan, stretches=True)[1] is None  # nothing calibrated: no stretch
+    for _ in range(40):
+        m.confidence.record([0.97], num_accepted=1)
+    assert policy.early_stop(plan, stretches=True)[1] == pytest.approx(0.95)
+    assert policy.early_stop(plan, stretches=False)[1] is None  # a drafter that cannot stop early
+    assert KPolicy("fixed", 4).early_stop(plan, stretches=True) == (0.0, None)
 
 
 def test_break_even_is_the_marginal_draft_time_times_the_expected_rate():
