@@ -16,7 +16,7 @@ the median of those ratios with their range. Goals (issue 14): auto >= 0.98x tar
 cell, >= 0.95x the best fixed k in every cell, and >= 1.05x the best fixed k in at least two.
 
     python bench/bench_control.py [--profile cpu] [--tokens 48] [--repeats 2] [--workloads chat,grounded,code]
-        [--concurrency 1,4,16] [--waves] [--ablate-stretch]
+        [--concurrency 1,4,16] [--waves] [--stretch]
 
 Writes bench/figures/control-PROFILE.json (figures, spread of repeats, machine, commit).
 """
@@ -71,8 +71,8 @@ def main():
     ap.add_argument("--workloads", default="chat,grounded,code")
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--waves", action="store_true", help="admit requests in waves, not as places free up")
-    ap.add_argument("--ablate-stretch", action="store_true",
-                    help="one more side: auto whose drafts never run past the plan's k (the stretch off)")
+    ap.add_argument("--stretch", action="store_true",
+                    help="one more side: auto whose confident drafts run past the plan's k (off by default)")
     args = ap.parse_args()
     env = machine_line()
     profile = load_profile(args.profile)
@@ -80,8 +80,8 @@ def main():
     parts = assemble(config, progress=True)
     k_auto = config.num_speculative_tokens if config.k_policy == "auto" else max(FIXED)
     configs = {"target-only": 0, **{f"k={k}": k for k in FIXED}, "auto": "auto"}
-    if args.ablate_stretch:
-        configs["auto-no-stretch"] = "auto"
+    if args.stretch:
+        configs["auto+stretch"] = "auto"
     report = {"environment": env, "profile": args.profile, "tokens": args.tokens, "repeats": args.repeats,
               "admission": "waves" if args.waves else "continuous", "cells": []}
     print(f"profile {args.profile}: {config.model} {config.dtype} on {config.device}, drafter {config.drafter_kind}; "
@@ -98,7 +98,7 @@ def main():
                 policy = "auto" if k == "auto" else "fixed"
                 engines[name] = parts.engine(num_speculative_tokens=k_auto if k == "auto" else k,
                                              max_num_seqs=max(16, conc), k_policy=policy)
-                engines[name].policy.stretch = name != "auto-no-stretch"
+                engines[name].policy.stretch = name == "auto+stretch"
                 run_batch(engines[name], prompts[:min(conc, 2)], 8, conc, args.waves)  # warm-up
             results: dict[str, list[float]] = {name: [] for name in configs}
             outputs, ks = {}, {}
@@ -112,8 +112,8 @@ def main():
             best_fixed = max((n for n in configs if n.startswith("k=")), key=med.get)
             vs_target = [a / b for a, b in zip(results["auto"], results["target-only"])]
             vs_best = [a / b for a, b in zip(results["auto"], results[best_fixed])]
-            if args.ablate_stretch:
-                vs_plain = [a / b for a, b in zip(results["auto"], results["auto-no-stretch"])]
+            if args.stretch:
+                vs_stretch = [a / b for a, b in zip(results["auto+stretch"], results["auto"])]
             cell = {"workload": wl, "concurrency": conc, "requests": len(prompts), "tokens_per_s": results,
                     "median": med, "best_fixed": best_fixed,
                     "auto_vs_target_only": statistics.median(vs_target), "auto_vs_target_only_range": _range(vs_target),
@@ -121,9 +121,9 @@ def main():
                     "target_only_spread": max(results["target-only"]) / min(results["target-only"]),
                     "auto_k_steps": {str(k): n for k, n in sorted(ks["auto"].items())},
                     "identical_greedy": all(outputs[n] == outputs["target-only"] for n in configs)}
-            if args.ablate_stretch:
-                cell.update(auto_vs_no_stretch=statistics.median(vs_plain), auto_vs_no_stretch_range=_range(vs_plain),
-                            no_stretch_k_steps={str(k): n for k, n in sorted(ks["auto-no-stretch"].items())})
+            if args.stretch:
+                cell.update(stretch_vs_auto=statistics.median(vs_stretch), stretch_vs_auto_range=_range(vs_stretch),
+                            stretch_k_steps={str(k): n for k, n in sorted(ks["auto+stretch"].items())})
             report["cells"].append(cell)
             report["complete"] = False  # each cell is written as it ends: a run cut short keeps what it measured
             write_report(f"control-{Path(args.profile).stem}", report, quiet=True)
@@ -132,7 +132,7 @@ def main():
                   f"{_show(vs_target)} auto/{best_fixed} {cell['auto_vs_best_fixed']:.2f} {_show(vs_best)} "
                   f"| target-only spread {cell['target_only_spread']:.2f} | auto k steps {cell['auto_k_steps']} "
                   f"| identical {cell['identical_greedy']}"
-                  + (f" | auto/no-stretch {cell['auto_vs_no_stretch']:.2f} {_show(vs_plain)}" if args.ablate_stretch else ""),
+                  + (f" | auto+stretch/auto {cell['stretch_vs_auto']:.2f} {_show(vs_stretch)}" if args.stretch else ""),
                   flush=True)
     cells = report["cells"]
     report["goals"] = {

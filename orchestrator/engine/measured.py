@@ -223,10 +223,12 @@ class DraftCost:
         self._coef: np.ndarray | None = None
         self.calls = 0
         self._timed: list[float] | None = None  # [seconds, tokens] of timed catch-ups (decayed)
+        self.max_rows = 0  # the most sequences one call has drafted for
 
     def record(self, num_seqs: int, num_tokens: int, catch_up: int, seconds: float,
                positions: int | None = None, timed: CatchUp | None = None) -> None:
         self.calls += 1
+        self.max_rows = max(self.max_rows, num_seqs)
         if timed is not None:  # the drafter timed its catch-ups: they leave the fit
             t = self._timed or [0.0, 0.0]
             self._timed = [self.decay * t[0] + timed.seconds, self.decay * t[1] + timed.tokens] \
@@ -260,6 +262,11 @@ class DraftCost:
                 else num_tokens
             return prior * (drafts + PRIOR_CATCH_UP_SHARE * catch_up)
         o, a, s, b, c = self._coef
+        if self.batched and num_seqs > self.max_rows:
+            # rows beyond the widest call seen: calls of one or two rows cannot tell a run from a row (two
+            # rows put it all on the run, b = 0: 16 rows at 5 positions foreseen at 79 ms, taken in ~340),
+            # so each row costs at least the prior's share of a one-row position
+            b = max(b, BATCHED_ROW_SHARE * (a + b))
         if self._timed is not None:
             seconds, tokens = self._timed
             c = seconds / tokens if tokens else PRIOR_CATCH_UP_SHARE * (a + b)

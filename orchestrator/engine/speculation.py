@@ -336,7 +336,9 @@ class KPolicy:
         self.disable_by_batch_size = disable_by_batch_size
         self.draft_len_schedule = tuple(draft_len_schedule)
         self.cost = CostModel(k_max, batched_drafter=batched_drafter)
-        self.stretch = True  # confident greedy drafts may run past the plan's k (off: an ablation in benches)
+        # confident greedy drafts may run past the plan's k: off, since it did not pay on a 2-core Xeon
+        # (auto with it over auto without, 0.95-1.02 in the 9 cells of bench_control at 0daf0d2)
+        self.stretch = False
 
     def confidence_threshold(self, plan: Plan) -> float:
         """Early stop for greedy drafts under `auto`, calibrated against acceptance (sampled drafts never

@@ -161,6 +161,8 @@ def test_confident_drafts_run_past_the_planned_k_and_stay_lossless(target, smoll
     every time), greedy drafts go on past the cost model's k while the whole draft stays that likely:
     more drafts than the plans asked for, output still the target's."""
     engine = make_engine(target, smollm2_tokenizer, smollm2, onnx_drafter, k=8, k_policy="auto")
+    assert not engine.policy.stretch  # off by default (it did not pay here)
+    engine.policy.stretch = True
     for _ in range(40):
         for p in (0.99, 0.9, 0.8, 0.7, 0.6, 0.5):
             engine.policy.cost.confidence.record([p], num_accepted=1)

@@ -220,7 +220,7 @@ def test_the_stretch_break_even_prices_positions_a_sequence_drafts_alone_past_th
     rate = plan.expected_tokens / plan.expected_s
     assert m.stretch_break_even(plan) == pytest.approx(0.3 * rate, rel=1e-3)
     policy = KPolicy("auto", 8)
-    policy.cost = m
+    policy.cost, policy.stretch = m, True
     assert policy.early_stop(plan, stretches=True)[1] is None  # nothing calibrated: no stretch
     for _ in range(40):
         m.confidence.record([0.97], num_accepted=1)
@@ -523,3 +523,21 @@ def test_a_hand_off_is_priced_like_a_catch_up(opening_per_token, starts):
     assert m.opening_seconds(45) == pytest.approx(45 * (0.005 if opening_per_token is None else opening_per_token))
     forced = m.evaluate(batch, {c.seq_id: 1 for c in batch})
     assert forced.expected_s == pytest.approx(1.31 + 0.475 + 16 * m.opening_seconds(45))
+
+
+def test_rows_beyond_the_widest_call_seen_cost_at_least_the_priors_share():
+    """Two-row calls cannot tell a run from a row: here one row of two stopped early now and then at no
+    saving, so they fit 10 ms a position and (almost) nothing a row. 16 rows at 5 positions are then
+    priced with each row-position at 0.25 of a one-row position, not at ~50 ms; once a 16-row call is
+    measured, the fit prices it."""
+    d = DraftCost(batched=True)
+    for positions, stopped in ((2, 0), (3, 1), (2, 1), (3, 0), (4, 1), (4, 0)):
+        d.record(2, 2 * positions - stopped, 0, 0.010 * positions, positions)
+    coef = d._coef
+    assert coef[3] < 0.0005 and d(2, 8, 0, 0.0, 4) == pytest.approx(0.040, rel=0.05)
+    a_plus_b = coef[1] + coef[3]
+    assert d(16, 80, 0, 0.0, 5) == pytest.approx(5 * coef[1] + 80 * 0.25 * a_plus_b + 16 * coef[2], rel=1e-6)
+    assert d(16, 80, 0, 0.0, 5) > 0.2
+    for _ in range(6):
+        d.record(16, 80, 0, 0.300, 5)
+    assert d.max_rows == 16 and d(16, 80, 0, 0.0, 5) == pytest.approx(0.300, rel=0.15)
