@@ -27,9 +27,9 @@ hit rate and the pre-draft's slowdown measured by the gate. k then settles where
 under the verify (`CostModel.step_seconds`).
 
 Greedy drafts stop early once the drafter's probability of the whole draft so far falls where the
-observed acceptance does not pay for a draft token, and may run on past the plan's k, up to the cap,
-while it stays where acceptance pays for a token drafted past the plan (`KPolicy.early_stop`,
-`measured.ConfidenceBins`).
+observed acceptance does not pay for a draft token; with `KPolicy.stretch` (off by default: it did not
+pay on a 2-core Xeon) they may run on past the plan's k, up to the cap, while it stays where acceptance
+pays for a token drafted past the plan (`KPolicy.early_stop`, `measured.ConfidenceBins`).
 
 Fixed rules stay as baselines: a constant k, HF's +2/-1 heuristic, vLLM's `disable_by_batch_size`
 and TensorRT-LLM's `draft_len_schedule` (batch size -> k).
