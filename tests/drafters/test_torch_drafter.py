@@ -1,5 +1,8 @@
 """The torch drafter: SmolLM2 drafting for itself in fp32 is accepted in full and changes nothing."""
 
+import itertools
+import operator
+
 import pytest
 import torch
 
@@ -117,21 +120,12 @@ def test_a_drafter_from_another_checkpoint_with_the_same_vocabulary_is_lossless(
     assert seq.output_ids == plain.generate(ids, params).output_ids and seq.stats.num_drafted > 0
 
 
-def _joint(confidence: list[float]) -> list[float]:
-    """The drafter's probability of the whole draft through each token."""
-    out, p = [], 1.0
-    for c in confidence:
-        p *= c
-        out.append(p)
-    return out
-
-
 def test_a_drafter_stops_once_the_whole_draft_is_doubtful(tmp_path):
     drafter = _drafter(tmp_path)
     drafter.start(0, [5, 9, 12, 40])
     full = drafter.propose(0, 4)
     assert len(full.draft_ids) == 4 and len(full.confidence) == 4 and all(0 < p <= 1 for p in full.confidence)
-    joint = _joint(full.confidence)
+    joint = list(itertools.accumulate(full.confidence, operator.mul))  # the whole draft's probability
     threshold = (joint[1] + joint[2]) / 2  # between the second and third token's joint probability
     drafter.rollback(0, 0)
     cut = drafter.propose(0, 4, min_confidence=threshold)
@@ -143,7 +137,7 @@ def test_past_the_planned_k_a_draft_goes_on_only_while_it_stays_confident(tmp_pa
     drafter = _drafter(tmp_path)
     drafter.start(0, [5, 9, 12, 40])
     full = drafter.propose(0, 6)
-    joint = _joint(full.confidence)
+    joint = list(itertools.accumulate(full.confidence, operator.mul))  # the whole draft's probability
     ask = lambda stretch: drafter.propose_batch(  # noqa: E731
         [DraftRequest(0, 6, planned=2, stretch_confidence=stretch)])[0].draft_ids
     assert ask(1.01) == full.draft_ids[:2]  # the plan's 2, however doubtful (no early stop asked)
