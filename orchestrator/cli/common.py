@@ -5,6 +5,7 @@ import json
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 from orchestrator.acceptance_policy import LOSSLESS, POLICIES, parse_option_pairs
 from orchestrator.config import MAX_SPECULATIVE_TOKENS, SamplingParams
@@ -146,3 +147,18 @@ def wait_for_signal() -> None:
         signal.signal(sig, lambda *_: done.set())
     done.wait()
     ready("shutting down (in-flight requests get 5 s)")
+
+
+def on_signal(shutdown: Callable[[], None]) -> None:
+    """At the first SIGINT or SIGTERM run `shutdown` on a thread of its own (the main thread is busy:
+    it steps the engine), once."""
+    started = threading.Event()
+
+    def handle(*_) -> None:
+        if not started.is_set():
+            started.set()
+            ready("shutting down (in-flight requests get 5 s)")
+            threading.Thread(target=shutdown, name="hetspec-shutdown").start()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handle)

@@ -7,7 +7,7 @@ import dataclasses
 from prometheus_client import start_http_server
 
 from orchestrator.assemble import build_engine
-from orchestrator.cli.common import ready, wait_for_signal
+from orchestrator.cli.common import on_signal, ready
 from orchestrator.errors import HetspecError
 from orchestrator.profiles import load_profile
 from orchestrator.server import EngineLoop, EngineMetrics, GenerationServicer, server_options, start_server
@@ -49,7 +49,10 @@ def run(args: argparse.Namespace) -> int:
     # spans feed the metrics only (no span history is kept in a long-running server)
     tracer = Tracer(enabled=metrics_port is not None or http_port is not None, keep=False)
     engine = build_engine(config, tracer=tracer, progress=True)
-    loop = EngineLoop(engine, config.drafter_kind, max_active=s.max_concurrent_requests + s.max_queued_requests)
+    # the engine steps on this (main) thread, where torch loaded the model: on a thread of its own a CPU
+    # target ran at half speed (orchestrator/server/engine_loop.py)
+    loop = EngineLoop(engine, config.drafter_kind, max_active=s.max_concurrent_requests + s.max_queued_requests,
+                      own_thread=False)
     servicer = GenerationServicer(loop, engine.tokenizer, max_new_tokens_limit=s.max_new_tokens)
     served = start_server(options, [servicer.register])
     served_model = config.model or "smollm2-135m"  # the name clients send as `model` (no model: the default)
@@ -64,16 +67,20 @@ def run(args: argparse.Namespace) -> int:
                         registry=metrics.registry, max_body_bytes=options.max_message_bytes)
         http = start_http(app, options.host, http_port)
         ready(f"OpenAI-compatible HTTP on http://{options.host}:{http.port}/v1 (model {served_model!r})")
+
+    def shutdown() -> None:  # the engine keeps stepping meanwhile: in-flight streams get their grace
+        if http is not None:
+            http.stop()
+        served.stop()
+        loop.stop()
+
+    on_signal(shutdown)
     k = f"auto<={config.num_speculative_tokens}" if config.k_policy == "auto" else config.num_speculative_tokens
     drafter = f"drafter {config.drafter_kind} k={k}" if engine.drafter else "target only"
     ready(f"serving hetspec.v1.Generation on {options.host}:{served.port} "
           f"(profile {profile.source}, {drafter}{', TLS' if options.tls_cert_file else ''}"
           f"{', token auth' if options.token else ''})")
-    wait_for_signal()
-    if http is not None:
-        http.stop()
-    served.stop()
-    loop.stop()
+    loop.run()
     if engine.drafter is not None:
         engine.drafter.close()
     return 0
