@@ -76,9 +76,13 @@ class TargetReplica:
         config = dataclasses.replace(config, max_num_seqs=min(config.max_num_seqs, s.max_concurrent_requests))
         if config.drafter is not None:
             config = dataclasses.replace(config, drafter=PoolDrafterConfig(config.drafter, index=index))
-        self.engine = assemble(config, Tracer(enabled=False), progress=False,
-                               builders={PoolDrafterConfig: build_pool_drafter}).engine()
-        self.loop = EngineLoop(self.engine, config.drafter_kind, max_active=s.max_concurrent_requests + s.max_queued_requests)
+        # built and stepped on the loop's thread, the only one running torch (the actor's main thread
+        # serves its calls): a second OpenMP team halved a CPU target's speed (server/engine_loop.py)
+        self.loop = EngineLoop.built_on_own_thread(
+            lambda: assemble(config, Tracer(enabled=False), progress=False,
+                             builders={PoolDrafterConfig: build_pool_drafter}).engine(),
+            config.drafter_kind, max_active=s.max_concurrent_requests + s.max_queued_requests)
+        self.engine = self.loop.engine
         servicer = GenerationServicer(self.loop, self.engine.tokenizer, max_new_tokens_limit=s.max_new_tokens)
         options = server_options(profile, _host(bind), 0, 0)
         self.served = start_server(options, [servicer.register])

@@ -73,6 +73,26 @@ class EngineLoop:
             self._thread = threading.Thread(target=self.run, name="hetspec-engine", daemon=True)
             self._thread.start()
 
+    @classmethod
+    def built_on_own_thread(cls, make: Callable[[], Engine], drafter_kind: str, max_active: int) -> "EngineLoop":
+        """The engine made by `make()` and stepped on one thread of the loop's, for a process whose main
+        thread must stay free (a Ray actor serves its calls there): torch then works on that thread
+        alone. `make`'s error, if any, is raised here."""
+        made: Future = Future()
+
+        def body() -> None:
+            try:
+                loop = cls(make(), drafter_kind, max_active, own_thread=False)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                made.set_exception(e)
+                return
+            loop._thread = threading.current_thread()
+            made.set_result(loop)
+            loop.run()
+
+        threading.Thread(target=body, name="hetspec-engine", daemon=True).start()
+        return made.result()
+
     # ---- called from handler threads -----------------------------------------------------
 
     def call(self, fn: Callable[[], object]) -> Future:

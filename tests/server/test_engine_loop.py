@@ -4,6 +4,8 @@ requests from other threads are served, and `stop()` from another thread ends `r
 import signal
 import threading
 
+import pytest
+
 from orchestrator.config import SamplingParams
 from orchestrator.engine import Engine
 from orchestrator.models import TargetRunner, encode_prompt, eos_token_ids
@@ -69,3 +71,39 @@ def test_sigterm_mid_stream_lets_the_stream_finish_then_the_server_exits_cleanly
         assert "shutting down" in server.log()
     finally:
         server.kill()
+
+
+def test_an_engine_built_on_the_loops_thread_is_stepped_there(smollm2, smollm2_tokenizer):
+    """`built_on_own_thread` (a Ray target replica's loop): the engine is made and stepped on one
+    thread, not the caller's; a failing `make` raises in the caller."""
+    made_on = []
+
+    def make():
+        made_on.append(threading.get_ident())
+        target = TargetRunner(smollm2, block_size=16, max_kv_tokens=4096)
+        return Engine(target, smollm2_tokenizer, None, eos_token_ids=eos_token_ids(smollm2, smollm2_tokenizer))
+
+    loop = EngineLoop.built_on_own_thread(make, "none", max_active=2)
+    try:
+        stepped_on = set()
+        step = loop.engine.step
+
+        def counted_step():
+            stepped_on.add(threading.get_ident())
+            return step()
+
+        loop.engine.step = counted_step
+        ids = encode_prompt(smollm2_tokenizer, PROMPTS[0], chat=True)
+        _, events = loop.submit(ids, SamplingParams(max_new_tokens=4, ignore_eos=True))
+        while not isinstance(event := events.get(timeout=60), Done):
+            pass
+        assert event.error is None and len(event.result["token_ids"]) == 4
+        assert stepped_on == set(made_on) and threading.get_ident() not in made_on
+    finally:
+        loop.stop()
+
+    def broken():
+        raise ValueError("no such model")
+
+    with pytest.raises(ValueError, match="no such model"):
+        EngineLoop.built_on_own_thread(broken, "none", max_active=2)
