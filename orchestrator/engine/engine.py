@@ -271,7 +271,8 @@ class Engine:
                 seq.stats.time_verify_s += elapsed
             else:
                 seq.stats.time_prefill_s += elapsed
-        self.policy.cost.record_forward(num_tokens, elapsed)
+        if self.overlap is None or not self.overlap.running or self.overlap.gate.favoured:  # not a probe's slow forward
+            self.policy.cost.record_forward(num_tokens, elapsed)  # (it tilted the plan made without the worker)
         return results
 
     def _accept(self, seq: Sequence, draft: DraftProposal, logits: torch.Tensor) -> VerifyResult:

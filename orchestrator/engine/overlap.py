@@ -14,7 +14,12 @@ the engine drafts as without overlap, and every `PROBE_EVERY` steps tries the ot
 both measured.
 
 One worker thread: ONNX Runtime and torch release the GIL while they compute, so the drafter's
-model runs beside the target's forward. The engine touches the drafter only after `wait()`, so the
+model runs beside the target's forward. Its torch work (a drafter's logits: argmax, softmax over the
+vocabulary) runs on one thread: torch's OpenMP runtime gives each thread that runs parallel work a
+team of its own, and once the teams hold more threads than the machine has cores it stops spinning
+between parallel regions, which slowed every kernel of the target's forward on the engine's thread
+(a worker drafting 4 rows every 5 ms: 196 -> 347 us per [16 x 576] x [576 x 1536] linear on a 2-core Xeon;
+200 us with the worker on one thread). The engine touches the drafter only after `wait()`, so the
 drafter is never used from two threads at once. Greedy requests only: a sampled request's drafts
 and the verify's sampling share its random generator, and rejection sampling needs the draft's
 distribution from exactly the committed prefix; sampled requests draft as before.
@@ -25,6 +30,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable
+
+import torch
 
 from orchestrator.engine.drafter import Drafter, DraftProposal, DraftRequest
 from orchestrator.engine.measured import Recent
@@ -162,7 +169,8 @@ class PreDrafter:
     def __init__(self, drafter: Drafter, tracer: Tracer, track: Track, cost: CostModel | None = None):
         """`cost`: the engine's cost model, which then plans k knowing the drafts are made ahead."""
         self.drafter, self.tracer, self.track, self.cost = drafter, tracer, track, cost
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetspec-predraft")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetspec-predraft",
+                                        initializer=torch.set_num_threads, initargs=(1,))
         self._future: Future | None = None
         self._step: int | None = None  # the step that launched it
         self._pending: dict[int, _Ahead] = {}  # launched this step
