@@ -141,14 +141,6 @@ def ready(line: str) -> None:
     print(f"hetspec: {line}", file=sys.stderr, flush=True)
 
 
-def wait_for_signal() -> None:
-    done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
-    done.wait()
-    ready("shutting down (in-flight requests get 5 s)")
-
-
 def on_signal(shutdown: Callable[[], None]) -> None:
     """At the first SIGINT or SIGTERM run `shutdown` on a thread of its own (the main thread is busy:
     it steps the engine), once."""

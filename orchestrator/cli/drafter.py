@@ -3,11 +3,12 @@
 import argparse
 
 from orchestrator.assemble import build_drafter_servicer
-from orchestrator.cli.common import ready, wait_for_signal
+from orchestrator.cli.common import on_signal, ready
 from orchestrator.cli.serve import add_server_args
 from orchestrator.errors import HetspecError
 from orchestrator.profiles import load_profile
 from orchestrator.server import server_options, start_server
+from orchestrator.server.one_thread import OneThread
 
 
 def add_parser(sub, parser_class) -> None:
@@ -30,10 +31,18 @@ def run(args: argparse.Namespace) -> int:
                            f"(it has {', '.join(profile.drafters) or 'none'})")
     options = server_options(profile, args.host, args.port, profile.server.drafter_port)
     servicer, config = build_drafter_servicer(profile, name)
+    # the drafter runs on this (main) thread, where torch loaded it: on gRPC's threads a torch drafter
+    # ran 1.5x slower (orchestrator/server/one_thread.py)
+    servicer.drafter_thread = OneThread()
     served = start_server(options, [servicer.register])
+
+    def shutdown() -> None:  # the drafter keeps answering meanwhile: open sessions get their grace
+        served.stop()
+        servicer.drafter_thread.stop()
+
+    on_signal(shutdown)
     ready(f"serving hetspec.v1.Drafter ({config.drafter_kind}) on {options.host}:{served.port} "
           f"(profile {profile.source})")
-    wait_for_signal()
-    served.stop()
+    servicer.drafter_thread.run()
     servicer.drafter.close()
     return 0

@@ -19,6 +19,7 @@ import protocol
 from orchestrator.config import MAX_SPECULATIVE_TOKENS, check_sampling
 from orchestrator.engine import Drafter
 from orchestrator.errors import InvalidRequestError
+from orchestrator.server.one_thread import OneThread
 from orchestrator.server.parsing import lenient
 from protocol import BlockError
 from protocol.pb import drafter_pb2 as pb
@@ -51,7 +52,12 @@ class DrafterServicer:
         # come from this model (the target's checkpoint key) and fit the drafter's geometry
         self.model_id = model_id if hasattr(drafter, "start_with_kv") else None
         self.num_kv_opens = 0
-        self._lock = threading.Lock()  # the drafter's state is not thread-safe
+        self._lock = threading.Lock()  # the sessions' bookkeeping
+        # the drafter's state is not thread-safe: its calls run one at a time, on the handler threads
+        # under this lock, or, given a `drafter_thread` (`hetspec drafter serve` runs it on the main
+        # thread, where torch loaded the model), on that thread
+        self._drafter_lock = threading.Lock()
+        self.drafter_thread: OneThread | None = None
         self._ids = itertools.count()
         self.num_sessions = 0  # ever opened
         self._live: dict[int, dict] = {}  # open sessions' sequences, by session number
@@ -80,8 +86,7 @@ class DrafterServicer:
         finally:
             with self._lock:
                 del self._live[number]
-                for seq in seqs.values():
-                    self.drafter.finish(seq.local_id)
+            self._on_drafter(lambda: [self.drafter.finish(seq.local_id) for seq in seqs.values()])
             packer.close()
 
     def load(self) -> tuple[int, int]:
@@ -91,37 +96,46 @@ class DrafterServicer:
 
     def _answer(self, frame: pb.DrafterRequest, seqs: dict[int, _Seq],
                 packer: protocol.BlockPacker) -> pb.DrafterResponse:
+        return self._on_drafter(lambda: self._answer_here(frame, seqs, packer))
+
+    def _on_drafter(self, fn):
+        if self.drafter_thread is not None:
+            return self.drafter_thread.call(fn)
+        with self._drafter_lock:
+            return fn()
+
+    def _answer_here(self, frame: pb.DrafterRequest, seqs: dict[int, _Seq],
+                     packer: protocol.BlockPacker) -> pb.DrafterResponse:
         body = frame.WhichOneof("body")
         reply = pb.DrafterResponse(protocol_version=protocol.PROTOCOL_VERSION, request_id=frame.request_id)
-        with self._lock:
-            if body == "propose":
-                for i, r in enumerate(frame.propose.results):
-                    self._verify(r, seqs, f"propose.results[{i}]")
-                t0 = time.perf_counter_ns()
-                catch_ups = []
-                proposals = []
-                for i, r in enumerate(frame.propose.requests):
-                    proposals.append(self._propose(r, seqs, f"propose.requests[{i}]"))
-                    catch_ups.append(self.drafter.last_catch_up)
-                self._attach_probs(proposals, seqs, packer)
-                reply.proposals.proposals.extend(proposals)
-                reply.proposals.compute_ns = time.perf_counter_ns() - t0
-                if catch_ups and None not in catch_ups:
-                    reply.proposals.catch_up_ns = int(sum(c.seconds for c in catch_ups) * 1e9)
-                    reply.proposals.catch_up_tokens = sum(c.tokens for c in catch_ups)
-            elif body == "verify":
-                for i, r in enumerate(frame.verify.results):
-                    self._verify(r, seqs, f"verify.results[{i}]")
-                reply.ack.SetInParent()
-            elif body == "open":
-                reply.ack.num_tokens = self._open(frame.open, seqs)
-            elif body == "close":
-                seq = seqs.pop(frame.close.sequence_id, None)
-                if seq is not None:
-                    self.drafter.finish(seq.local_id)
-                reply.ack.SetInParent()
-            else:
-                raise InvalidRequestError("body: empty frame (expected open, propose, verify or close)", "body")
+        if body == "propose":
+            for i, r in enumerate(frame.propose.results):
+                self._verify(r, seqs, f"propose.results[{i}]")
+            t0 = time.perf_counter_ns()
+            catch_ups = []
+            proposals = []
+            for i, r in enumerate(frame.propose.requests):
+                proposals.append(self._propose(r, seqs, f"propose.requests[{i}]"))
+                catch_ups.append(self.drafter.last_catch_up)
+            self._attach_probs(proposals, seqs, packer)
+            reply.proposals.proposals.extend(proposals)
+            reply.proposals.compute_ns = time.perf_counter_ns() - t0
+            if catch_ups and None not in catch_ups:
+                reply.proposals.catch_up_ns = int(sum(c.seconds for c in catch_ups) * 1e9)
+                reply.proposals.catch_up_tokens = sum(c.tokens for c in catch_ups)
+        elif body == "verify":
+            for i, r in enumerate(frame.verify.results):
+                self._verify(r, seqs, f"verify.results[{i}]")
+            reply.ack.SetInParent()
+        elif body == "open":
+            reply.ack.num_tokens = self._open(frame.open, seqs)
+        elif body == "close":
+            seq = seqs.pop(frame.close.sequence_id, None)
+            if seq is not None:
+                self.drafter.finish(seq.local_id)
+            reply.ack.SetInParent()
+        else:
+            raise InvalidRequestError("body: empty frame (expected open, propose, verify or close)", "body")
         return reply
 
     def _open(self, m: pb.OpenSequence, seqs: dict[int, _Seq]) -> int:
