@@ -31,18 +31,21 @@ def run(args: argparse.Namespace) -> int:
                            f"(it has {', '.join(profile.drafters) or 'none'})")
     options = server_options(profile, args.host, args.port, profile.server.drafter_port)
     servicer, config = build_drafter_servicer(profile, name)
-    # the drafter runs on this (main) thread, where torch loaded it: on gRPC's threads a torch drafter
-    # ran 1.5x slower (orchestrator/server/one_thread.py)
-    servicer.drafter_thread = OneThread()
+    # a torch model on the CPU runs on this (main) thread, where torch loaded it: on gRPC's threads a
+    # torch drafter ran 1.5x slower (server/one_thread.py); others run on gRPC's threads, without the
+    # hand-over's two thread wake-ups per call
+    main = OneThread()
+    if servicer.drafter.torch_on_cpu:
+        servicer.drafter_thread = main
     served = start_server(options, [servicer.register])
 
     def shutdown() -> None:  # the drafter keeps answering meanwhile: open sessions get their grace
         served.stop()
-        servicer.drafter_thread.stop()
+        main.stop()
 
     on_signal(shutdown)
     ready(f"serving hetspec.v1.Drafter ({config.drafter_kind}) on {options.host}:{served.port} "
           f"(profile {profile.source})")
-    servicer.drafter_thread.run()
+    main.run()  # the drafter's calls if handed over, else only the wait for a signal
     servicer.drafter.close()
     return 0

@@ -115,6 +115,7 @@ class MtpDrafter(Drafter):
         self.config = self.runner.config
         self.device = str(device)
         self.name = "mtp" if runtime == "torch" else f"mtp-onnx-{precision}"
+        self.torch_on_cpu = runtime == "torch" and self.runner.device.type == "cpu"
         self.dtype = self.runner.dtype
         self.unpacker = protocol.BlockUnpacker()
         self._seqs: dict[int, _Seq] = {}

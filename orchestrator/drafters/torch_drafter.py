@@ -24,6 +24,7 @@ class TorchDrafter(CachedDrafter):
         self.runner = TargetRunner(ckpt, device=device, dtype=dtype, block_size=block_size,
                                    max_kv_tokens=max_kv_tokens)
         self.max_length = self.runner.max_context
+        self.torch_on_cpu = self.runner.device.type == "cpu"
 
     def _open(self, seq_id: int, prompt_ids: list[int]) -> None:
         return None  # the runner's pool opens the sequence on its first forward

@@ -92,6 +92,9 @@ class Drafter(ABC):
     # True where a sequence's first draft finds every committed token but the newest in the drafter (KV
     # handoff of the target's K/V at that draft, an n-gram index): the cost model charges it no catch-up
     opens_caught_up: bool = False
+    # True where the drafter's model runs on torch on the CPU: a server then runs it on the thread that
+    # loaded it (a second thread with an OpenMP team of its own slowed it 1.5x: server/one_thread.py)
+    torch_on_cpu: bool = False
     # the last `propose_batch`'s catch-up runs, timed apart; None where the drafter cannot tell (its cost
     # model then fits catch-up tokens and drafts together from the calls' times)
     last_catch_up: CatchUp | None = None

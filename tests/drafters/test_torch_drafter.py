@@ -159,3 +159,11 @@ def test_batched_drafts_equal_one_by_one(tmp_path):
     assert batched == draft_rounds(drafter, prompts, batched=False)
     assert max(forwards[:num_batched]) == 3 and num_batched < len(forwards) - num_batched
     assert drafter.runner.pool.num_free_blocks == drafter.runner.pool.num_blocks
+
+
+def test_a_cpu_torch_drafter_says_so_and_an_onnx_one_does_not(tmp_path):
+    """`hetspec drafter serve` runs a drafter with `torch_on_cpu` on its main thread (server/one_thread.py)."""
+    from orchestrator.drafters.onnx_drafter import OnnxDrafter
+
+    assert _drafter(tmp_path).torch_on_cpu
+    assert not OnnxDrafter.torch_on_cpu
