@@ -53,11 +53,10 @@ class DrafterServicer:
         self.model_id = model_id if hasattr(drafter, "start_with_kv") else None
         self.num_kv_opens = 0
         self._lock = threading.Lock()  # the sessions' bookkeeping
-        # the drafter's state is not thread-safe: its calls run one at a time, on the handler threads
-        # under this lock, or, given a `drafter_thread` (`hetspec drafter serve` runs it on the main
-        # thread, where torch loaded the model), on that thread
-        self._drafter_lock = threading.Lock()
-        self.drafter_thread: OneThread | None = None
+        # the drafter's state is not thread-safe: its calls run one at a time, on the handler threads,
+        # or, replaced by a `OneThread()` that something runs (`hetspec drafter serve`: the main thread,
+        # where torch loaded the model), on that thread
+        self.drafter_thread = OneThread(hand_over=False)
         self._ids = itertools.count()
         self.num_sessions = 0  # ever opened
         self._live: dict[int, dict] = {}  # open sessions' sequences, by session number
@@ -86,7 +85,7 @@ class DrafterServicer:
         finally:
             with self._lock:
                 del self._live[number]
-            self._on_drafter(lambda: [self.drafter.finish(seq.local_id) for seq in seqs.values()])
+            self.drafter_thread.call(lambda: [self.drafter.finish(seq.local_id) for seq in seqs.values()])
             packer.close()
 
     def load(self) -> tuple[int, int]:
@@ -96,13 +95,7 @@ class DrafterServicer:
 
     def _answer(self, frame: pb.DrafterRequest, seqs: dict[int, _Seq],
                 packer: protocol.BlockPacker) -> pb.DrafterResponse:
-        return self._on_drafter(lambda: self._answer_here(frame, seqs, packer))
-
-    def _on_drafter(self, fn):
-        if self.drafter_thread is not None:
-            return self.drafter_thread.call(fn)
-        with self._drafter_lock:
-            return fn()
+        return self.drafter_thread.call(lambda: self._answer_here(frame, seqs, packer))
 
     def _answer_here(self, frame: pb.DrafterRequest, seqs: dict[int, _Seq],
                      packer: protocol.BlockPacker) -> pb.DrafterResponse:

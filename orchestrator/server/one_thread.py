@@ -22,12 +22,14 @@ class OneThread:
     error); calls made before `run()` starts wait for it. After `stop()`, calls run on the calling
     thread, one at a time (late clean-ups at shutdown are not lost)."""
 
-    def __init__(self):
+    def __init__(self, hand_over: bool = True):
+        """`hand_over=False`: never hands a call over; every call runs on its caller's thread, one at a
+        time (as after `stop()`)."""
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()  # one call at a time
         self._state = threading.Lock()  # guards _stopped and the hand-over
         self._owner: threading.Thread | None = None
-        self._stopped = False
+        self._stopped = not hand_over
 
     def call(self, fn: Callable[[], T]) -> T:
         with self._state:
@@ -43,18 +45,14 @@ class OneThread:
     def run(self) -> None:
         """Run the calls handed over until `stop()`, and those handed over before it took effect."""
         self._owner = threading.current_thread()
-        stopping = False
         while True:
-            if stopping:
-                try:
-                    item = self._inbox.get_nowait()
-                except queue.Empty:
-                    return
-            else:
-                item = self._inbox.get()
+            try:  # once stopped, only what was handed over before is left to run
+                item = self._inbox.get_nowait() if self._stopped else self._inbox.get()
+            except queue.Empty:
+                return
             if item is None:
                 with self._state:  # no call is handed over from now on
-                    self._stopped, stopping = True, True
+                    self._stopped = True
                 continue
             fn, future = item
             try:

@@ -76,3 +76,14 @@ def test_a_failing_call_does_not_stop_the_runner():
     runner.run()
     t.join(10)
     assert done == ["still serving"]
+
+
+def test_without_hand_over_every_call_runs_on_its_caller():
+    runner, ran_on = OneThread(hand_over=False), []
+    threads = [threading.Thread(target=lambda: ran_on.append((runner.call(threading.get_ident), threading.get_ident())))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(ran_on) == 3 and all(a == b for a, b in ran_on)
