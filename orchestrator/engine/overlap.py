@@ -71,8 +71,9 @@ class OverlapStats:
 
 
 PROBE_EVERY = 16  # steps between tries of the choice the gate is not making...
-FIRM = 2.0  # ...and 4x as many once one side of the comparison is this many times the other
+FIRM = 2.0  # ...and 4x as many once one side of the comparison is this many times the other,
 FIRM_PROBE_FACTOR = 4
+FIRM_DOUBLINGS = 3  # ...twice as many again after each try that left the choice as it was (up to 8x)
 HIT_DECAY = 0.95  # the hit rate counts recent takes, each older one weighing this much less...
 PRIOR_HIT_RATE = 0.3  # ...shrunk towards this prior, worth PRIOR_HIT_WEIGHT takes
 PRIOR_HIT_WEIGHT = 2.0
@@ -96,7 +97,9 @@ class OverlapGate:
     steps without one it assumes no slowdown. The wait counts whether the pre-draft hits or not: a
     drafter slower than the forward leaves the engine waiting. A probe of the other choice costs what
     the choice saves: every `probe_every` steps while the two sides are close, every
-    `FIRM_PROBE_FACTOR` times as many once one is `FIRM` times the other."""
+    `FIRM_PROBE_FACTOR` times as many once one is `FIRM` times the other, and twice as many again
+    after each probe the firm choice outlived (up to `FIRM_DOUBLINGS` times: on two shared cores a
+    forward beside the worker took 2.5x as long, so each probe cost over a step's worth of time)."""
 
     def __init__(self, probe_every: int = PROBE_EVERY):
         self.probe_every = probe_every
@@ -109,6 +112,9 @@ class OverlapGate:
         self.steps = {True: 0, False: 0}  # steps drafted ahead / not (for stats)
         self.favoured = False  # the last choice before any probe (False while measuring both ways)
         self.ahead_ratio = Recent(9)  # pre-draft seconds over the drafter's fitted cost of the same call
+        self._last_probe = 0  # the step count at the last probe
+        self._firm: bool | None = None  # the firm choice the probes have left standing (None: none)
+        self._doublings = 0  # probes it has outlived, up to FIRM_DOUBLINGS
 
     @property
     def ahead_factor(self) -> float:
@@ -149,8 +155,14 @@ class OverlapGate:
             cost = max(0.0, slowdown) * forward_s + waited
             choice = self.favoured = saved > cost
             firm = saved >= FIRM * cost or cost >= FIRM * saved
-            if (sum(self.steps.values()) + 1) % (self.probe_every * (FIRM_PROBE_FACTOR if firm else 1)) == 0:
-                choice = not choice
+            if not firm or self._firm is not choice:  # close again, or the other way now: probe sooner
+                self._firm, self._doublings = (choice if firm else None), 0
+            every = self.probe_every * (FIRM_PROBE_FACTOR << self._doublings if firm else 1)
+            step = sum(self.steps.values()) + 1
+            if step - self._last_probe >= every:
+                choice, self._last_probe = not choice, step
+                if firm:
+                    self._doublings = min(FIRM_DOUBLINGS, self._doublings + 1)
         self.steps[choice] += 1
         return choice
 

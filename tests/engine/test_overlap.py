@@ -107,6 +107,30 @@ def test_the_gate_probes_less_once_one_side_is_twice_the_other():
     assert [i + 128 for i, d in enumerate(decisions) if d] == [128, 144]
 
 
+def test_the_gate_probes_a_firm_choice_half_as_often_after_each_probe_it_outlives():
+    """Hand-computed: the forward 150% slower beside the worker (0.15 s of a 0.1 s forward) against hits
+    saving 0.027 s: firmly not ahead. Tries of the other way after 64, 128, 256, 512 and 512 steps
+    (steps 64, 192, 448, 960, 1472). Once the sides are close (hits saving 0.135 s against 0.15 s) every
+    16th step again; firm once more, the wait starts again from 64."""
+    gate = OverlapGate()
+    for _ in range(3):
+        gate.record_forward(4, 0.100, False)
+        gate.record_forward(4, 0.250, True)
+    gate.fresh_s.add(0.03)
+    gate.hit_rate = 0.9
+    gate.steps = {True: 0, False: 1}
+    decisions = [gate.wanted(1, 0.1) for _ in range(1600)]  # the gate's steps 2..1601
+    assert [i + 2 for i, d in enumerate(decisions) if d] == [64, 192, 448, 960, 1472]
+    assert not gate.favoured
+    gate.fresh_s.add(0.15)
+    gate.fresh_s.add(0.15)  # the median 0.15 s: 0.135 s saved against 0.15 s of slowdown
+    decisions = [gate.wanted(1, 0.1) for _ in range(32)]  # steps 1602..1633: last probe 1472
+    assert [i + 1602 for i, d in enumerate(decisions) if d] == [1602, 1618]
+    gate.hit_rate = 0.3  # 0.045 s saved: firm again, the next try 64 steps after the last
+    decisions = [gate.wanted(1, 0.1) for _ in range(80)]  # steps 1634..1713
+    assert [i + 1634 for i, d in enumerate(decisions) if d] == [1682]
+
+
 def test_the_hit_rate_follows_the_takes_from_a_weak_prior():
     """Hand-computed: prior 0.3 worth 2 takes. Three hits: (2.8525 + 0.6) / (2.8525 + 2) = 0.71
     (1 + 0.95 + 0.9025 decayed hits); then a miss: (2.7099 + 0.6) / (3.7099 + 2) = 0.58."""
