@@ -18,7 +18,9 @@ from the target's K/V at its first draft: measured per token, outside the drafte
 the expected rate most (drafts for one sequence, or positions for all the sequences at the longest
 draft, each looked ahead up to the cap) is made while one does. Where speculation does not pay, k = 0 and the sequence decodes
 plainly, re-examined every step; after a long run without drafts one cheap probe keeps the acceptance
-estimate fresh.
+estimate fresh (each probe after which no plan drafts halves the share of the time the next may cost,
+down to 1/8 of it: where speculation does not pay, as at 16 streams on a 2-core Xeon, probing at 2% of
+the time lost up to 2% for good).
 
 When the engine drafts ahead (`overlap`: the gate favours it and every drafting sequence is greedy),
 a step's drafts are free but for the misses, and its forward hides the next step's pre-draft unless
@@ -45,7 +47,8 @@ from orchestrator.engine.measured import Acceptance, ConfidenceBins, DraftCost, 
 PRIOR_ACCEPTANCE = 0.6  # p(1) before anything is measured; p(j) = prior ** j
 PRIOR_WEIGHT = 8.0  # drafts a sequence must see before its own counts outweigh the drafter's
 PROBE_EVERY = 32  # after this many steps without any draft, one sequence drafts one token...
-PROBE_BUDGET = 0.02  # ...once its extra cost is within this share of the time since the last draft
+PROBE_BUDGET = 0.02  # ...once its extra cost is within this share of the time since the last draft,
+PROBE_HALVINGS = 3  # ...half that after each probe that left every plan at k = 0 (down to 1/8 of it)
 # before a hand-off is timed, a token of K/V handed to the drafter costs this share of a draft token's
 # prior (the INT4 ONNX drafter from SmolLM2's pool on a 2-core EPYC: 28-60 ms for ~100 tokens, 0.3-0.6
 # ms a token, a draft token's prior 6-10 ms)
@@ -102,6 +105,7 @@ class CostModel:
         self.ahead: Ahead | None = None  # set by `overlap.PreDrafter` when the engine drafts ahead
         self._opening: list[float] | None = None  # [seconds, tokens] of timed hand-offs (decayed)
         self._steps_since_draft, self._idle_s = 0, 0.0
+        self._probe_budget = PROBE_BUDGET  # share of the time since the last draft the next probe may cost
         self.confidence = ConfidenceBins()  # the drafter's probability of its greedy drafts vs acceptance
 
     # ---- measurements ------------------------------------------------------------------------
@@ -281,6 +285,8 @@ class CostModel:
             open_ = [c for c in open_ if ks[c.seq_id] < c.k_cap]
         catch_up = sum(c.lag - 1 for c in candidates if ks[c.seq_id])  # the step itself pays it all
         self._steps_since_draft = 0 if drafted else self._steps_since_draft + 1
+        if drafted:  # speculation pays again: probes, should it stop, start from the full budget
+            self._probe_budget = PROBE_BUDGET
         self._idle_s = 0.0 if drafted else self._idle_s + self.verify(n)
         probe = [c for c in candidates if c.k_cap > 0]
         if not drafted and probe and self._steps_since_draft >= PROBE_EVERY:
@@ -288,7 +294,8 @@ class CostModel:
             # drafter's acceptance estimate from going stale, once it costs a small share of the time
             c = min(probe, key=lambda c: (c.lag, c.opening))
             extra = self.step_seconds(n + 1, 1, 1, c.lag - 1, 1) + self.opening_seconds(c.opening) - self.verify(n)
-            if extra <= PROBE_BUDGET * self._idle_s:
+            if extra <= self._probe_budget * self._idle_s:
+                self._probe_budget = max(PROBE_BUDGET / (1 << PROBE_HALVINGS), self._probe_budget / 2)
                 ks[c.seq_id] = 1
                 tokens += self.p_through(c.acceptance, 0)
                 n, drafting, drafted, catch_up, level = n + 1, 1, 1, c.lag - 1, 1

@@ -133,6 +133,20 @@ def test_a_probe_waits_until_it_costs_a_small_share_of_the_time_since_the_last_d
     assert [sum(m.plan(batch).ks.values()) for _ in range(50)] == [0] * 49 + [1]
 
 
+def test_each_probe_that_leaves_every_plan_at_k0_halves_what_the_next_may_cost():
+    """A probe's draft costs 0.983 s against flat 1 s steps: at 2% of the idle time after 50 steps (49.15
+    s); then at 1%, 0.5% and 0.25% after 99, 197 and 394 steps (98.3, 196.6, 393.2 s), and 0.25% from then
+    on. Once a plan drafts on its own (drafts turned cheap), the next probe waits for 2% again."""
+    m = model(linear(1.0, 0.0), 0.983)
+    batch = [decoding(0, lag=1), decoding(1, lag=1)]
+    probes = [i + 1 for i in range(1134) if sum(m.plan(batch).ks.values())]
+    assert probes == [50, 149, 346, 740, 1134]
+    slow, m.draft = m.draft, model({}, 0.01).draft  # drafts now 0.01 s a token: k > 0 pays
+    assert sum(m.plan(batch).ks.values()) > 1
+    m.draft = slow  # and 0.983 s again
+    assert [i + 1 for i in range(50) if sum(m.plan(batch).ks.values())] == [50]
+
+
 def test_draft_cost_is_fitted_per_sequence_token_and_catch_up_token():
     m = CostModel(8)
     a, b, c = 0.004, 0.010, 0.001
