@@ -5,7 +5,10 @@ committed tokens per second:
 
     E[committed_s(k)] = 1 + sum_{j=1..k} p_s(j)         p_s(j) = P(drafts 1..j all accepted)
     T(k_1..k_b)       = V(sum_s pending_s + k_s) + D(max_s k_s, sequences drafting, sum_s k_s, catch-up tokens)
-    choose k to maximise sum_s E[committed_s] / T
+    choose k to maximise sum_s E[committed_s] / (T - (V(sum_s pending_s) - V(number of sequences)))
+
+the last term being the forward's time for a prompt prefilled in the step (beyond one token per
+sequence): run whatever the drafts, it is left out, so drafts are weighed against plain decoding's rate.
 
 p_s(j) is measured per draft position, per sequence, shrunk towards the drafter's pooled estimate
 (a Beta-style prior worth `prior_weight` drafts), which itself starts at `prior_acceptance`. V(n) is
@@ -237,7 +240,12 @@ class CostModel:
         overlapped = self.overlapped(candidates)
         tokens = float(len(candidates))  # every sequence commits at least one token
         n, drafting, drafted, catch_up, level = sum(c.pending for c in candidates), 0, 0, 0.0, 0
-        best = tokens / self.step_seconds(n, 0, 0, 0) if candidates else 0.0
+        # a prefill's tokens (beyond the one every sequence runs) are run whatever the drafts: their
+        # forward time is left out of the rates compared, so drafts must beat plain decoding's rate, not
+        # a step's dragged down by a prompt (piggybacked on new prompts at 16 streams, drafts of 100-300 ms
+        # raised such steps' rates and lowered the engine's)
+        sunk = self.verify(n) - self.verify(len(candidates)) if n > len(candidates) else 0.0
+        best = tokens / (self.step_seconds(n, 0, 0, 0) - sunk) if candidates else 0.0
         open_ = [c for c in candidates if c.k_cap > 0]
         amortised = {c.seq_id: self._amortised(c) for c in open_}
         # a hand-off is paid once, like a catch-up: spread over the steps the sequence still has
@@ -252,7 +260,7 @@ class CostModel:
                 gain = sum(cum[c.seq_id][k + m] - cum[c.seq_id][k] for c in members)
                 t = self.step_seconds(n + m * len(members), drafting + len(new), drafted + m * len(members),
                                       catch_up + sum(amortised[c.seq_id] for c in new), max(level, k + m), overlapped) \
-                    + opened + sum(opening[c.seq_id] for c in new)
+                    + opened + sum(opening[c.seq_id] for c in new) - sunk
                 moves.append(((tokens + gain) / t, members, m, gain))
 
             starters = sorted((c for c in open_ if ks[c.seq_id] == 0), key=lambda c: -cum[c.seq_id][1])

@@ -116,6 +116,19 @@ def test_a_bigger_batch_drafts_less_because_verify_grows_with_batch_times_k():
     assert set(batch.values()) == {1}
 
 
+def test_a_prompt_prefilled_in_the_step_does_not_make_drafts_look_cheap():
+    """Verify 1 + 0.01 s per token after the first; sequence 0 decodes (k <= 1, first draft accepted at
+    0.6), sequence 1 prefills 99 tokens. Counting the prefill, the step commits 2 tokens in V(100) = 1.99
+    s (1.005/s) and a draft costing 0.4 s raises that to 2.6 / 2.39 = 1.088/s. But the prompt is run
+    either way, and the two sequences then decode at 2 / V(2) = 1.98/s: the draft's 2.6 / (1.02 + 0.4) =
+    1.83/s falls short of it. A draft costing 0.2 s gives 2.6 / 1.22 = 2.13/s: it pays."""
+    prefill = Candidate(1, 0, pending=99, acceptance=Acceptance())
+    assert model(linear(1.0, 0.01, up_to=128), 0.4).plan([decoding(0, k_cap=1), prefill]).ks == {0: 0, 1: 0}
+    assert model(linear(1.0, 0.01, up_to=128), 0.2).plan([decoding(0, k_cap=1), prefill]).ks == {0: 1, 1: 0}
+    # alone, the 0.4 s draft pays: 1.6 / 1.42 = 1.13/s against 1 / V(1) = 1/s
+    assert model(linear(1.0, 0.01, up_to=128), 0.4).plan([decoding(0, k_cap=1)]).ks == {0: 1}
+
+
 def test_after_a_long_run_without_drafts_the_cheapest_sequence_is_probed():
     m = model(linear(1.0, 0.0), 0.4)
     batch = [decoding(0, lag=40), decoding(1, lag=3), decoding(2, lag=9)]
