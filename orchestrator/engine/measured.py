@@ -17,6 +17,7 @@ PRIOR_CATCH_UP_SHARE = 0.3
 # a batched drafter's one-row calls, until calls of several rows tell: this share is per row, the rest per
 # run (the INT4 ONNX drafter on a 2-core Xeon: 7 ms a run + 2.6 ms a row, per position; 16 rows cost 5x one)
 BATCHED_ROW_SHARE = 0.25
+STALL = 3.0  # a drafter call taking this many times what the fit foresaw weighs as a stall
 CONFIDENCE_BINS = 20  # calibration of the drafter's own probability against acceptance
 CONFIDENCE_MIN_SAMPLES = 30  # a bin with fewer judged drafts decides nothing
 
@@ -235,7 +236,12 @@ class DraftCost:
                 if timed.tokens else t
             seconds, catch_up = max(seconds - timed.seconds, 1e-5), 0
         x = np.array([1, _positions(num_seqs, num_tokens, positions), num_seqs, num_tokens, catch_up], np.float64)
-        w = 1.0 / max(seconds, 1e-5) ** 2
+        # relative error against what the fit foresaw for the call, not what it took: weighted by the
+        # time taken, a slow call counts less than a fast one of the same shape, and the fit reads low
+        # (16-row calls taking 45 or 120 ms by turns were read at 55-65 ms, their mean 80); a call
+        # taking over STALL times the foreseen is weighed by its own time (a stall barely moves the fit)
+        foreseen = float(self._coef @ x) if self._coef is not None else 0.0
+        w = 1.0 / max(foreseen if foreseen > 0 else seconds, seconds / STALL, 1e-5) ** 2
         self._xx = self.decay * self._xx + w * np.outer(x, x)
         self._xy = self.decay * self._xy + w * x * seconds
         scale = np.trace(self._xx) / 5
