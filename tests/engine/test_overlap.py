@@ -89,17 +89,24 @@ def test_the_gate_drafts_ahead_only_where_the_hits_save_more_than_the_slowdown_c
     assert gate.to_dict()["steps_ahead"] == 6 and gate.to_dict()["forward_slowdown"] == pytest.approx(0.12)
 
 
+def measured_gate(beside_s: float, hit_rate: float) -> OverlapGate:
+    """A gate past its first step that has measured 4-token forwards at 0.1 s alone and `beside_s`
+    beside the worker (3 each), fresh drafts at 0.03 s a sequence, and hits at `hit_rate`."""
+    gate = OverlapGate()
+    for _ in range(3):
+        gate.record_forward(4, 0.100, False)
+        gate.record_forward(4, beside_s, True)
+    gate.fresh_s.add(0.03)
+    gate.hit_rate = hit_rate
+    gate.steps = {True: 0, False: 1}
+    return gate
+
+
 def test_the_gate_probes_less_once_one_side_is_twice_the_other():
     """Hand-computed: a 12% slowdown of a 0.1 s forward costs 0.012 s. Hits at a rate of 0.9 save
     0.027 s a step, more than twice that: the other way is tried every 64th step, not every 16th.
     At a rate of 0.3 (0.009 s, within 2x of the cost) every 16th step again."""
-    gate = OverlapGate()
-    for _ in range(3):
-        gate.record_forward(4, 0.100, False)
-        gate.record_forward(4, 0.112, True)
-    gate.fresh_s.add(0.03)
-    gate.hit_rate = 0.9
-    gate.steps = {True: 0, False: 1}
+    gate = measured_gate(beside_s=0.112, hit_rate=0.9)
     decisions = [gate.wanted(1, 0.1) for _ in range(126)]  # the gate's steps 2..127
     assert [i + 2 for i, d in enumerate(decisions) if not d] == [64]
     gate.hit_rate = 0.3
@@ -112,13 +119,7 @@ def test_the_gate_probes_a_firm_choice_half_as_often_after_each_probe_it_outlive
     saving 0.027 s: firmly not ahead. Tries of the other way after 64, 128, 256, 512 and 512 steps
     (steps 64, 192, 448, 960, 1472). Once the sides are close (hits saving 0.135 s against 0.15 s) every
     16th step again; firm once more, the wait starts again from 64."""
-    gate = OverlapGate()
-    for _ in range(3):
-        gate.record_forward(4, 0.100, False)
-        gate.record_forward(4, 0.250, True)
-    gate.fresh_s.add(0.03)
-    gate.hit_rate = 0.9
-    gate.steps = {True: 0, False: 1}
+    gate = measured_gate(beside_s=0.250, hit_rate=0.9)
     decisions = [gate.wanted(1, 0.1) for _ in range(1600)]  # the gate's steps 2..1601
     assert [i + 2 for i, d in enumerate(decisions) if d] == [64, 192, 448, 960, 1472]
     assert not gate.favoured
