@@ -245,7 +245,7 @@ class CostModel:
         # a step's dragged down by a prompt (piggybacked on new prompts at 16 streams, drafts of 100-300 ms
         # raised such steps' rates and lowered the engine's)
         sunk = self.verify(n) - self.verify(len(candidates)) if n > len(candidates) else 0.0
-        best = tokens / (self.step_seconds(n, 0, 0, 0) - sunk) if candidates else 0.0
+        best = tokens / self.verify(len(candidates)) if candidates else 0.0  # plain decoding's rate
         open_ = [c for c in candidates if c.k_cap > 0]
         amortised = {c.seq_id: self._amortised(c) for c in open_}
         # a hand-off is paid once, like a catch-up: spread over the steps the sequence still has
