@@ -1,17 +1,17 @@
-"""Training data for an MTP drafter, all of it offline, and the teacher pass cached once.
+"""Training data for an MTP drafter, all of it offline, the target's outputs computed once and cached.
 
 Two sources, both on any machine: the target's own greedy responses to a built-in prompt set
-(self-distillation: what it will be asked to draft for), and Python standard library source shipped
-with the interpreter (code). The teacher pass runs the target once over every sequence and keeps its
-last-layer hidden states (float16) and its greedy token at every position; training never reruns the
-target (its soft distributions over the draft vocabulary come back from the cached hidden states
-through its frozen lm_head). Every 20th sequence is held out.
+(`prompts`; self-distillation: what it will be asked to draft for), and Python standard library source
+shipped with the interpreter (code). The target's last-layer hidden state (float16) and greedy token at
+every position are kept: for the responses as their generation computes them, for the source by one
+teacher pass. Training never reruns the target (its soft distributions over the draft vocabulary come
+back from the cached hidden states through its frozen lm_head). Every 20th sequence is held out.
 """
 
 import hashlib
 import json
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -19,60 +19,10 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from orchestrator.models import Checkpoint, TargetRunner, cache_root, encode_prompt, eos_token_ids
+from orchestrator.mtp.prompts import training_prompts
 
 HELD_OUT_EVERY = 20
 TEACHER_NAME = "teacher.safetensors"
-
-# Prompts disjoint from the profiling workloads (`orchestrator.latency.workloads`) the benches measure.
-_SUBJECTS = [
-    "photosynthesis", "the water cycle", "compound interest", "learning a new language", "volcanoes",
-    "time management", "electric cars", "the phases of the moon", "recycling", "public speaking",
-    "a healthy breakfast", "how the internet works", "growing tomatoes", "saving money", "rainbows", "honey bees",
-    "daily exercise", "brewing coffee", "earthquakes", "working from home", "chess openings", "ocean tides",
-    "vaccines", "solar panels", "reading habits", "making friends", "cooking pasta", "camping safety",
-    "practising an instrument", "cloud computing", "bicycle maintenance", "dinosaurs", "index funds",
-    "meditation", "volunteering", "bird migration", "snowflakes", "high-speed trains", "visiting museums",
-    "writing a resume", "black holes", "the Roman Empire", "caring for a puppy", "first aid for burns",
-]
-_CHAT_TEMPLATES = [
-    "Explain {} to a curious twelve-year-old.",
-    "What are the pros and cons of {}?",
-    "Write a short paragraph about {}.",
-    "Give me three practical tips about {}.",
-    "Describe {} in simple words.",
-]
-_TASKS = [
-    "reverses a singly linked list", "counts the words in a string", "merges two dictionaries",
-    "finds the largest number in a list without using max()", "computes the factorial of n recursively",
-    "checks whether a number is prime", "flattens a nested list", "sorts a list of tuples by their second item",
-    "removes the vowels from a string", "converts Celsius to Fahrenheit", "computes the greatest common divisor",
-    "returns the unique items of a list in their original order", "counts how often each character occurs",
-    "checks whether two strings are anagrams", "implements binary search on a sorted list",
-    "loads a JSON file into a dictionary", "writes a list of dictionaries to a CSV file",
-    "returns the mean and the median of a list", "validates an email address with a regular expression",
-    "generates the first n prime numbers", "transposes a matrix given as a list of lists",
-    "finds the longest word in a sentence", "rotates a list by k positions", "implements bubble sort",
-    "capitalizes every word in a sentence", "splits a list into chunks of size n",
-    "computes the dot product of two vectors", "parses an ISO date string into a datetime",
-    "returns the second largest number in a list", "implements a queue with two stacks",
-    "counts the lines of a text file", "converts a Roman numeral to an integer",
-]
-_CODE_TEMPLATES = [
-    "Write a Python function that {}.",
-    "Write a Python function that {}, with type hints and a docstring.",
-    "Show how to write a Python function that {}, and give an example call.",
-]
-
-
-def training_prompts() -> list[str]:
-    """The built-in prompt set: 220 chat and 96 code prompts, interleaved."""
-    chat = [t.format(s) for s in _SUBJECTS for t in _CHAT_TEMPLATES]
-    code = [t.format(s) for s in _TASKS for t in _CODE_TEMPLATES]
-    out = []
-    for i in range(max(len(chat), len(code))):
-        out += chat[i:i + 1] + code[i:i + 1]
-    return out
-
 
 def stdlib_chunks(tokenizer, num_tokens: int, chunk_tokens: int) -> list[list[int]]:
     """Python standard library source, tokenized, cut into chunks: sorted file order, so the same
@@ -95,42 +45,65 @@ def stdlib_chunks(tokenizer, num_tokens: int, chunk_tokens: int) -> list[list[in
     return chunks
 
 
+@torch.inference_mode()
 def self_distill(ckpt: Checkpoint, tokenizer, prompts: list[str], max_new_tokens: int, num_tokens: int,
-                 progress: bool = True, max_num_seqs: int = 32) -> list[list[int]]:
-    """The target's greedy responses (target only, batched), each returned with its prompt's ids."""
-    from orchestrator.config import SamplingParams
-    from orchestrator.engine import Engine
-
-    target = TargetRunner(ckpt, max_kv_tokens=max_num_seqs * 1024)
-    engine = Engine(target, tokenizer, max_num_seqs=max_num_seqs, eos_token_ids=eos_token_ids(ckpt, tokenizer))
-    params = SamplingParams(max_new_tokens=max_new_tokens)
+                 progress: bool = True, batch_size: int = 64) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """The target's greedy responses to `prompts` (chat template), up to `num_tokens` response tokens in
+    all, batched: new prompts are prefilled in the same forward as the others' next tokens. The target's
+    hidden state and greedy token at every position are kept as the forward computes them, so these
+    sequences need no teacher pass. Each is (prompt + response but its last token, whose state was never
+    computed; hidden [n, H] float16; argmax [n], the token after each position). A sequence still
+    running when the budget is spent is kept as far as it got."""
+    eos = set(eos_token_ids(ckpt, tokenizer))
     pending = [encode_prompt(tokenizer, p, chat=True) for p in prompts]
-    ids = {}
-    seqs, total = [], 0
+    pending.reverse()  # pop() takes them in order
+    longest = max((len(p) for p in pending), default=1)
+    target = TargetRunner(ckpt, max_kv_tokens=batch_size * (longest + max_new_tokens + 16))
+    running: dict[int, _Response] = {}
+    done, total, next_id = [], 0, 0
     bar = tqdm(total=num_tokens, desc="self-distill", unit="tok", disable=not progress)
-    while (pending or engine.has_work()) and total < num_tokens:
-        while pending and len(ids) - len(seqs) < max_num_seqs:
-            prompt = pending.pop(0)
-            ids[engine.add_request(prompt, params)] = prompt
-        for out in engine.step():
-            bar.update(len(out.token_ids))
-            if out.finished:
-                seq = engine.release(out.seq_id)
-                seqs.append(ids[out.seq_id] + seq.output_ids)
-                total += len(seq.output_ids)
+    while (pending or running) and total < num_tokens:
+        batch = [(i, [r.tokens[-1]], 1) for i, r in running.items()]
+        while pending and len(running) < batch_size:
+            prompt = pending.pop()
+            running[next_id] = _Response(tokens=list(prompt))
+            batch.append((next_id, prompt, len(prompt)))
+            next_id += 1
+        for (i, _, _), out in zip(batch, target.forward(batch, return_hidden=True)):
+            r, token = running[i], int(out.logits[-1].argmax())
+            r.hidden.append(out.hidden.to(torch.float16))
+            r.argmax.append(out.logits.argmax(-1))
+            r.tokens.append(token)
+            r.generated += 1
+            if token in eos or r.generated >= max_new_tokens:
+                done.append(running.pop(i).finish())
+                target.free(i)
+        total += len(batch)
+        bar.update(len(batch))
     bar.close()
-    return seqs
+    return done + [r.finish() for r in running.values()]
+
+
+@dataclass
+class _Response:
+    tokens: list[int]
+    hidden: list[torch.Tensor] = field(default_factory=list)
+    argmax: list[torch.Tensor] = field(default_factory=list)
+    generated: int = 0
+
+    def finish(self) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        return self.tokens[:-1], torch.cat(self.hidden), torch.cat(self.argmax)
 
 
 @dataclass(frozen=True)
 class DataOptions:
-    tokens: int = 200_000  # training-token budget (both sources)
-    distill_share: float = 0.5  # of it from self-distillation, at most (the prompt set may give less)
+    tokens: int = 240_000  # training-token budget (both sources)
+    distill_share: float = 0.7  # of it from self-distillation, at most (the prompt set may give less)
     response_tokens: int = 192
     chunk_tokens: int = 512
 
     def key(self, ckpt: Checkpoint) -> str:
-        blob = json.dumps({"target": ckpt.key, **self.__dict__, "v": 1}, sort_keys=True)
+        blob = json.dumps({"target": ckpt.key, **self.__dict__, "v": 2}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -158,23 +131,30 @@ class TeacherData:
 
 
 @torch.inference_mode()
-def teacher_pass(ckpt: Checkpoint, sequences: list[list[int]], distilled: list[bool],
-                 progress: bool = True) -> TeacherData:
-    longest = max(len(s) for s in sequences)
-    target = TargetRunner(ckpt, max_kv_tokens=longest + 16)
-    hidden, argmax = [], []
+def teacher_pass(ckpt: Checkpoint, sequences: list[list[int]],
+                 progress: bool = True) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """The target run once over each sequence: (ids, hidden [n, H] float16, argmax [n]) per sequence."""
+    if not sequences:
+        return []
+    target = TargetRunner(ckpt, max_kv_tokens=max(len(s) for s in sequences) + 16)
+    out = []
     for ids in tqdm(sequences, desc="teacher pass", unit="seq", disable=not progress):
-        (out,) = target.forward([(0, ids, len(ids))], return_hidden=True)
+        (o,) = target.forward([(0, ids, len(ids))], return_hidden=True)
         target.free(0)
-        hidden.append(out.hidden.to(torch.float16))
-        argmax.append(out.logits.argmax(-1))
-    lengths = torch.tensor([0] + [len(s) for s in sequences])
-    return TeacherData(tokens=torch.tensor([t for s in sequences for t in s]), hidden=torch.cat(hidden),
-                       argmax=torch.cat(argmax), offsets=lengths.cumsum(0), distilled=torch.tensor(distilled))
+        out.append((ids, o.hidden.to(torch.float16), o.logits.argmax(-1)))
+    return out
+
+
+def _assemble(items: list[tuple[list[int], torch.Tensor, torch.Tensor]], distilled: list[bool]) -> TeacherData:
+    lengths = torch.tensor([0] + [len(ids) for ids, _, _ in items])
+    return TeacherData(tokens=torch.tensor([t for ids, _, _ in items for t in ids]),
+                       hidden=torch.cat([h for _, h, _ in items]), argmax=torch.cat([a for _, _, a in items]),
+                       offsets=lengths.cumsum(0), distilled=torch.tensor(distilled, dtype=torch.bool))
 
 
 def build_teacher_data(ckpt: Checkpoint, tokenizer, options: DataOptions, progress: bool = True) -> TeacherData:
-    """The cached teacher data for this target and these options (built on first use)."""
+    """The cached teacher data for this target and these options (built on first use): the self-distilled
+    responses with the states their generation computed, then stdlib source through a teacher pass."""
     path = cache_root() / "mtp-teacher" / options.key(ckpt) / TEACHER_NAME
     if path.is_file():
         t = load_file(str(path))
@@ -182,10 +162,10 @@ def build_teacher_data(ckpt: Checkpoint, tokenizer, options: DataOptions, progre
     distill_budget = int(options.tokens * options.distill_share)
     distilled = self_distill(ckpt, tokenizer, training_prompts(), options.response_tokens, distill_budget,
                              progress) if distill_budget else []
-    num_distilled = sum(len(s) for s in distilled)
-    code = stdlib_chunks(tokenizer, max(0, options.tokens - num_distilled), options.chunk_tokens)
-    sequences = distilled + code
-    data = teacher_pass(ckpt, sequences, [True] * len(distilled) + [False] * len(code), progress)
+    num_distilled = sum(len(ids) for ids, _, _ in distilled)
+    code = teacher_pass(ckpt, stdlib_chunks(tokenizer, max(0, options.tokens - num_distilled),
+                                            options.chunk_tokens), progress)
+    data = _assemble(distilled + code, [True] * len(distilled) + [False] * len(code))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".partial")
     save_file({"tokens": data.tokens, "hidden": data.hidden.contiguous(), "argmax": data.argmax,

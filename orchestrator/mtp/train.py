@@ -37,11 +37,11 @@ HISTORY_NAME = "history.json"
 class TrainOptions:
     target: str
     out: Path
-    tokens: int = 200_000
-    distill_share: float = 0.5  # of the tokens from the target's own responses (the rest: stdlib source)
+    tokens: int = 240_000
+    distill_share: float = 0.7  # of the tokens from the target's own responses (the rest: stdlib source)
     response_tokens: int = 192
     draft_vocab: int = 8192
-    epochs: int = 2
+    epochs: int = 3
     batch_size: int = 8
     seq_len: int = 256
     lr: float = 1e-3
