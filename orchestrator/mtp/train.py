@@ -132,7 +132,7 @@ def _loss(model: MtpModel, batch, opts: TrainOptions, progress: float, gen: torc
         metrics = metrics or m
         metrics[f"top1_pass{u + 1}"] = m["top1"]
         hidden = torch.cat([hidden[:, :1], feats[:, :-1].detach()], dim=1)
-    metrics["loss"] = float(total)
+    metrics["loss"] = float(total.detach())
     return total, metrics
 
 
