@@ -70,9 +70,10 @@ def self_distill(ckpt: Checkpoint, tokenizer, prompts: list[str], max_new_tokens
             batch.append((next_id, prompt, len(prompt)))
             next_id += 1
         for (i, _, _), out in zip(batch, target.forward(batch, return_hidden=True)):
-            r, token = running[i], int(out.logits[-1].argmax())
+            r, argmax = running[i], out.logits.argmax(-1)
+            token = int(argmax[-1])
             r.hidden.append(out.hidden.to(torch.float16))
-            r.argmax.append(out.logits.argmax(-1))
+            r.argmax.append(argmax)
             r.tokens.append(token)
             r.generated += 1
             if token in eos or r.generated >= max_new_tokens:
