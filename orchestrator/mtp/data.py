@@ -5,7 +5,9 @@ Two sources, both on any machine: the target's own greedy responses to a built-i
 shipped with the interpreter (code). The target's last-layer hidden state (float16) and greedy token at
 every position are kept: for the responses as their generation computes them, for the source by one
 teacher pass. Training never reruns the target (its soft distributions over the draft vocabulary come
-back from the cached hidden states through its frozen lm_head). Every 20th sequence is held out.
+back from the cached hidden states through its frozen lm_head). Every 20th sequence is held out. Each
+response's start is kept too: the held-out report counts what the drafter is asked at inference (the
+response), not the chat template and prompt before it.
 """
 
 import hashlib
@@ -47,13 +49,14 @@ def stdlib_chunks(tokenizer, num_tokens: int, chunk_tokens: int) -> list[list[in
 
 @torch.inference_mode()
 def self_distill(ckpt: Checkpoint, tokenizer, prompts: list[str], max_new_tokens: int, num_tokens: int,
-                 progress: bool = True, batch_size: int = 64) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+                 progress: bool = True, batch_size: int = 64) -> list[tuple[list[int], torch.Tensor, torch.Tensor, int]]:
     """The target's greedy responses to `prompts` (chat template), up to `num_tokens` response tokens in
     all, batched: new prompts are prefilled in the same forward as the others' next tokens. The target's
     hidden state and greedy token at every position are kept as the forward computes them, so these
     sequences need no teacher pass. Each is (prompt + response but its last token, whose state was never
-    computed; hidden [n, H] float16; argmax [n], the token after each position). A sequence still
-    running when the budget is spent is kept as far as it got."""
+    computed; hidden [n, H] float16; argmax [n], the token after each position; the prompt's length,
+    where the response starts). A sequence still running when the budget is spent is kept as far as it
+    got."""
     eos = set(eos_token_ids(ckpt, tokenizer))
     pending = [encode_prompt(tokenizer, p, chat=True) for p in prompts]
     pending.reverse()  # pop() takes them in order
@@ -66,7 +69,7 @@ def self_distill(ckpt: Checkpoint, tokenizer, prompts: list[str], max_new_tokens
         batch = [(i, [r.tokens[-1]], 1) for i, r in running.items()]
         while pending and len(running) < batch_size:
             prompt = pending.pop()
-            running[next_id] = _Response(tokens=list(prompt))
+            running[next_id] = _Response(tokens=list(prompt), prompt_len=len(prompt))
             batch.append((next_id, prompt, len(prompt)))
             next_id += 1
         for (i, _, _), out in zip(batch, target.forward(batch, return_hidden=True)):
@@ -88,12 +91,13 @@ def self_distill(ckpt: Checkpoint, tokenizer, prompts: list[str], max_new_tokens
 @dataclass
 class _Response:
     tokens: list[int]
+    prompt_len: int
     hidden: list[torch.Tensor] = field(default_factory=list)
     argmax: list[torch.Tensor] = field(default_factory=list)
     generated: int = 0
 
-    def finish(self) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-        return self.tokens[:-1], torch.cat(self.hidden), torch.cat(self.argmax)
+    def finish(self) -> tuple[list[int], torch.Tensor, torch.Tensor, int]:
+        return self.tokens[:-1], torch.cat(self.hidden), torch.cat(self.argmax), self.prompt_len
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ class DataOptions:
     chunk_tokens: int = 512
 
     def key(self, ckpt: Checkpoint) -> str:
-        blob = json.dumps({"target": ckpt.key, **self.__dict__, "v": 2}, sort_keys=True)
+        blob = json.dumps({"target": ckpt.key, **self.__dict__, "v": 3}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -117,6 +121,7 @@ class TeacherData:
     argmax: torch.Tensor  # [N] int64: the target's greedy token after each position
     offsets: torch.Tensor  # [S + 1] int64
     distilled: torch.Tensor  # [S] bool: a greedy self-distilled sequence (tokens follow argmax)
+    starts: torch.Tensor  # [S] int64: where the response begins (its prompt's length; 0 for source)
 
     def sequence(self, i: int) -> slice:
         return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
@@ -146,11 +151,13 @@ def teacher_pass(ckpt: Checkpoint, sequences: list[list[int]],
     return out
 
 
-def _assemble(items: list[tuple[list[int], torch.Tensor, torch.Tensor]], distilled: list[bool]) -> TeacherData:
+def _assemble(items: list[tuple[list[int], torch.Tensor, torch.Tensor]], distilled: list[bool],
+              starts: list[int]) -> TeacherData:
     lengths = torch.tensor([0] + [len(ids) for ids, _, _ in items])
     return TeacherData(tokens=torch.tensor([t for ids, _, _ in items for t in ids]),
                        hidden=torch.cat([h for _, h, _ in items]), argmax=torch.cat([a for _, _, a in items]),
-                       offsets=lengths.cumsum(0), distilled=torch.tensor(distilled, dtype=torch.bool))
+                       offsets=lengths.cumsum(0), distilled=torch.tensor(distilled, dtype=torch.bool),
+                       starts=torch.tensor(starts, dtype=torch.int64))
 
 
 def build_teacher_data(ckpt: Checkpoint, tokenizer, options: DataOptions, progress: bool = True) -> TeacherData:
@@ -159,17 +166,18 @@ def build_teacher_data(ckpt: Checkpoint, tokenizer, options: DataOptions, progre
     path = cache_root() / "mtp-teacher" / options.key(ckpt) / TEACHER_NAME
     if path.is_file():
         t = load_file(str(path))
-        return TeacherData(t["tokens"], t["hidden"], t["argmax"], t["offsets"], t["distilled"].bool())
+        return TeacherData(t["tokens"], t["hidden"], t["argmax"], t["offsets"], t["distilled"].bool(), t["starts"])
     distill_budget = int(options.tokens * options.distill_share)
     distilled = self_distill(ckpt, tokenizer, training_prompts(), options.response_tokens, distill_budget,
                              progress) if distill_budget else []
-    num_distilled = sum(len(ids) for ids, _, _ in distilled)
+    num_distilled = sum(len(ids) for ids, _, _, _ in distilled)
     code = teacher_pass(ckpt, stdlib_chunks(tokenizer, max(0, options.tokens - num_distilled),
                                             options.chunk_tokens), progress)
-    data = _assemble(distilled + code, [True] * len(distilled) + [False] * len(code))
+    data = _assemble([item[:3] for item in distilled] + code, [True] * len(distilled) + [False] * len(code),
+                     [start for *_, start in distilled] + [0] * len(code))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".partial")
     save_file({"tokens": data.tokens, "hidden": data.hidden.contiguous(), "argmax": data.argmax,
-               "offsets": data.offsets, "distilled": data.distilled.to(torch.uint8)}, str(tmp))
+               "offsets": data.offsets, "distilled": data.distilled.to(torch.uint8), "starts": data.starts}, str(tmp))
     tmp.replace(path)
     return data

@@ -10,8 +10,10 @@ from orchestrator.config import SamplingParams
 from orchestrator.engine import Engine
 from orchestrator.latency.workloads import BUILTIN
 from orchestrator.models import TargetRunner, encode_prompt, eos_token_ids
-from orchestrator.mtp.data import self_distill, teacher_pass
+from orchestrator.mtp import MtpConfig, MtpModel
+from orchestrator.mtp.data import TeacherData, self_distill, teacher_pass
 from orchestrator.mtp.prompts import training_prompts
+from orchestrator.mtp.train import evaluate
 
 from prompts import CODE, GROUNDED, PROMPTS
 
@@ -39,10 +41,12 @@ def test_self_distilled_states_equal_a_teacher_pass_and_responses_equal_greedy_d
         ids = encode_prompt(tok, p, chat=True)
         out = engine.generate(ids, SamplingParams(max_new_tokens=12))
         expected[tuple(ids)] = ids + out.output_ids
-    reference = teacher_pass(smollm2, [ids for ids, _, _ in items], progress=False)
-    for (ids, hidden, argmax), (_, ref_hidden, ref_argmax) in zip(items, reference):
-        full = next(v for k, v in expected.items() if ids[:len(k)] == list(k))
+    reference = teacher_pass(smollm2, [ids for ids, _, _, _ in items], progress=False)
+    for (ids, hidden, argmax, start), (_, ref_hidden, ref_argmax) in zip(items, reference):
+        prompt = next(k for k in expected if ids[:len(k)] == list(k))
+        full = expected[prompt]
         assert ids == full[:-1]  # the response's last token has no state: left out
+        assert start == len(prompt)  # where the response begins: the held-out report starts there
         assert hidden.dtype == torch.float16 and hidden.shape == (len(ids), 576)
         torch.testing.assert_close(hidden.float(), ref_hidden.float(), atol=2e-2, rtol=1e-2)
         assert torch.equal(argmax, ref_argmax)
@@ -54,4 +58,33 @@ def test_self_distillation_stops_at_its_token_budget_and_keeps_what_ran(smollm2,
                          progress=False, batch_size=3)
     # 3 running, one token each a step: the budget of 30 is spent after 10 steps, nothing finished
     prompt_lengths = [len(encode_prompt(smollm2_tokenizer, p, chat=True)) for p in training_prompts()[:3]]
-    assert sorted(len(ids) for ids, _, _ in items) == sorted(n + 9 for n in prompt_lengths)
+    assert sorted(len(ids) for ids, _, _, _ in items) == sorted(n + 9 for n in prompt_lengths)
+    assert sorted(start for *_, start in items) == sorted(prompt_lengths)
+
+
+def test_the_held_out_report_counts_only_what_is_drafted_at_inference():
+    """A drafter that knows the prompt by heart and nothing of the response scores nothing: drafting
+    starts after the prompt's last state and the first response token, top-1 counts the response."""
+    torch.manual_seed(0)
+    H, V, n, start = 32, 50, 24, 12
+    config = MtpConfig(target_model_id="t", target_name="t", hidden_size=H, num_heads=4, num_kv_heads=2,
+                       head_dim=8, intermediate_size=64, vocab_size=V, draft_vocab_size=V)
+    model = MtpModel(config, torch.randn(V, H), torch.arange(V))
+    model.set_head(torch.randn(V, H))
+    tokens, hidden = torch.randint(0, V, (n,)), torch.randn(n, H)
+    with torch.inference_mode():
+        pred = model.logits(model.forward(hidden[None, :-1], tokens[None, 1:])[0]).argmax(-1)
+    argmax = torch.zeros(n, dtype=torch.long)
+    argmax[1:start] = pred[:start - 1]  # the drafter's first draft is right at every prompt position...
+    argmax[start:] = (pred[start - 1:] + 1) % V  # ...and wrong on every token of the response
+
+    def report(first):
+        data = TeacherData(tokens, hidden.half(), argmax, torch.tensor([0, n]), torch.tensor([True]),
+                           torch.tensor([first]))
+        with torch.inference_mode():
+            return evaluate(model, data, [0], positions=3)
+
+    whole, response = report(0), report(start)
+    assert whole["top1"] == (start - 1) / (n - 1) and whole["alpha"][0] == (start - 1) / (n - 2)  # looks good
+    assert response["top1"] == 0.0 and response["alpha"][0] == 0.0  # what inference would see
+    assert response["tried"][0] == n - 2 - (start - 1)  # one start per response position with a token after
