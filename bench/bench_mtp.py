@@ -7,9 +7,11 @@ side runs each prompt in turn, the order rotating. `--remote` adds the MTP draft
 `hetspec drafter serve` in another process (hidden states over the wire) as one more side.
 
     hetspec train-drafter --target smollm2-135m --out DIR
-    python bench/bench_mtp.py --drafter DIR [--prompts 12] [--tokens 128] [-k auto|N] [--remote]
+    python bench/bench_mtp.py --drafter DIR [--also DIR ...] [--prompts 12] [--tokens 128] [-k auto|N] [--remote]
 
-Prints and writes bench/figures/mtp-cpu.json: tokens/s, speedup, alpha per position, mean accepted
+`--also` adds more MTP drafters (another epoch count, other data) as sides `mtp:NAME` of the same run,
+the only fair way to compare two drafters' speed. Prints and writes bench/figures/NAME.json (`--name`,
+default mtp-cpu): tokens/s, speedup, alpha per position, mean accepted
 length and c per side and workload, with the machine and commit, and the drafter's training summary.
 """
 
@@ -45,6 +47,11 @@ def serve_mtp(drafter_dir: str, workdir: Path) -> Server:
     return Server("drafter", "serve", "--profile", str(profile), "--port", "0")
 
 
+def summary(drafter_dir: str) -> dict | None:
+    path = Path(drafter_dir) / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafter", required=True, help="the MTP drafter's directory (hetspec train-drafter --out)")
@@ -53,12 +60,14 @@ def main():
     ap.add_argument("-k", default="auto", help="fixed k for every drafter, or auto (the default)")
     ap.add_argument("--remote", action="store_true", help="also the MTP drafter behind `hetspec drafter serve`")
     ap.add_argument("--skip-int8", action="store_true")
+    ap.add_argument("--also", nargs="+", default=[], metavar="DIR", help="more MTP drafters, as sides mtp:NAME")
+    ap.add_argument("--name", default="mtp-cpu", help="writes bench/figures/NAME.json")
     args = ap.parse_args()
     env = machine_line()
-    summary_path = Path(args.drafter) / "summary.json"
-    training = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    training = summary(args.drafter)
     sides = {"target-only": engine_for(None, "0"),
              "mtp": engine_for(MtpDrafterConfig(model=args.drafter), args.k),
+             **{f"mtp:{Path(d).name}": engine_for(MtpDrafterConfig(model=d), args.k) for d in args.also},
              "onnx-int4": engine_for(OnnxDrafterConfig(precision="int4"), args.k)}
     if not args.skip_int8:
         sides["onnx-int8"] = engine_for(OnnxDrafterConfig(precision="int8", int8_lm_head=False), args.k)
@@ -70,7 +79,8 @@ def main():
     workloads = {"chat": [encode_prompt(tokenizer, p, chat=True) for p in PROMPTS[:args.prompts]],
                  "code": [encode_prompt(tokenizer, p, chat=True) for p in CODE]}
     report = {"environment": env, "target": "smollm2-135m fp32", "k": args.k, "tokens": args.tokens,
-              "drafter_dir": str(args.drafter), "training": training, "workloads": {}}
+              "drafter_dir": str(args.drafter), "training": training, "workloads": {},
+              "also": {f"mtp:{Path(d).name}": {"drafter_dir": d, "training": summary(d)} for d in args.also}}
     print(f"SmolLM2-135M fp32 target, k={args.k}, {args.tokens} tokens per prompt, greedy; sides "
           f"{', '.join(sides)}", flush=True)
     try:
@@ -92,13 +102,13 @@ def main():
                 extra = "" if side == "target-only" else (
                     f" | alpha/pos {cell['alpha_per_position']} | mean accepted {cell['mean_accepted_length']}"
                     f" | c {cell['c']}")
-                print(f"{name:5} {side:12} {tps:7.2f} tok/s  {tps / base_tps:5.2f}x  {cell['agreement']}{extra}",
+                print(f"{name:5} {side:16} {tps:7.2f} tok/s  {tps / base_tps:5.2f}x  {cell['agreement']}{extra}",
                       flush=True)
             report["workloads"][name] = {"prompts": len(prompts), "sides": cells}
     finally:
         if server is not None:
             server.stop()
-    write_report("mtp-cpu", report)
+    write_report(args.name, report)
 
 
 if __name__ == "__main__":

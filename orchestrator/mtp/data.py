@@ -160,6 +160,11 @@ def _assemble(items: list[tuple[list[int], torch.Tensor, torch.Tensor]], distill
                        starts=torch.tensor(starts, dtype=torch.int64))
 
 
+def assemble_responses(items: list[tuple[list[int], torch.Tensor, torch.Tensor, int]]) -> TeacherData:
+    """`self_distill`'s responses as teacher data (to score a drafter on prompts of one's own)."""
+    return _assemble([item[:3] for item in items], [True] * len(items), [start for *_, start in items])
+
+
 def build_teacher_data(ckpt: Checkpoint, tokenizer, options: DataOptions, progress: bool = True) -> TeacherData:
     """The cached teacher data for this target and these options (built on first use): the self-distilled
     responses with the states their generation computed, then stdlib source through a teacher pass."""
