@@ -321,6 +321,7 @@ class Engine:
         stats.record(num_draft, num_accepted, num_committed)
         k = self._expected.ks.get(seq.seq_id, 0)
         stats.steps_per_k[k] = stats.steps_per_k.get(k, 0) + 1
+        stats.steps_stretched += 0 < k < num_draft
         # for the cost model a planned draft the drafter declined (early stop, no n-gram match) counts as
         # judged and rejected: its rates are P(drafted and accepted), what a plan of k drafts commits
         # (drafts past the plan, a confident run, were chosen for it: they do not count in the plan's rates)

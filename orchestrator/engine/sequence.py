@@ -33,6 +33,7 @@ class SpecStats:
     num_fallback_steps: int = 0  # steps run target-only because the drafter was unavailable
     steps_predrafted: int = 0  # steps whose drafts were drafted while the target verified the step before
     steps_per_k: dict[int, int] = field(default_factory=dict)  # chosen k -> verify steps with it (0 included)
+    steps_stretched: int = 0  # steps whose confident drafts ran on past the chosen k
     expected_committed: float = 0.0  # what the k policy's model expected these steps to commit
     acceptance: str = "rejection"  # the acceptance policy that verified
     lossy: bool = False

@@ -159,7 +159,7 @@ def test_confident_drafts_run_past_the_planned_k_and_stay_lossless(target, smoll
                                                                    onnx_drafter):
     """With the confidence bins calibrated (here by hand: a draft the drafter gives >= 0.5 is accepted
     every time), greedy drafts go on past the cost model's k while the whole draft stays that likely:
-    more drafts than the plans asked for, output still the target's."""
+    steps draft more than their plan asked for, output still the target's."""
     engine = make_engine(target, smollm2_tokenizer, smollm2, onnx_drafter, k=8, k_policy="auto")
     assert not engine.policy.stretch  # off by default (it did not pay here)
     engine.policy.stretch = True
@@ -171,13 +171,15 @@ def test_confident_drafts_run_past_the_planned_k_and_stay_lossless(target, smoll
            for p in prompts}
     while engine.has_work():
         engine.step()
-    drafted = planned = 0
+    stretched = planned = 0
     for seq_id, prompt in ids.items():
         seq = engine.release(seq_id)
         assert seq.output_ids == reference[prompt], prompt
-        drafted += seq.stats.num_drafted
-        planned += sum(k * n for k, n in seq.stats.steps_per_k.items())
-    assert drafted > planned > 0, (drafted, planned)
+        stretched += seq.stats.steps_stretched
+        planned += sum(n for k, n in seq.stats.steps_per_k.items() if k)
+    # steps, not tokens: early stops below the plan (the bins the run itself calibrates) may outnumber
+    # the stretched tokens, by how the measured costs set the plans on the machine
+    assert 0 < stretched <= planned, (stretched, planned, seq.stats.steps_per_k)
     assert target.pool.num_free_blocks == target.pool.num_blocks
 
 
