@@ -14,8 +14,6 @@ and the mean committed tokens of a step drafting 6.
 """
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 
@@ -24,6 +22,7 @@ from orchestrator.mtp import MtpModel
 from orchestrator.mtp.data import TEACHER_NAME, DataOptions, assemble_responses, build_teacher_data, self_distill
 from orchestrator.mtp.train import evaluate
 
+from bench_mtp import summary
 from common import machine_line, write_report
 from prompts import CODE, PROMPTS
 
@@ -64,10 +63,9 @@ def main():
     report = {"environment": env, "target": ckpt.key, "tokens": args.tokens, "drafters": {}}
     for d in args.drafter:
         model = MtpModel.load(d)
-        summary_path = Path(d) / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-        entry = {"held_out": rounded(summary["held_out"]) if "held_out" in summary else None,
-                 "epochs": summary.get("options", {}).get("epochs"), "workloads": {}}
+        training = summary(d) or {}
+        entry = {"held_out": rounded(training["held_out"]) if "held_out" in training else None,
+                 "epochs": training.get("options", {}).get("epochs"), "workloads": {}}
         with torch.inference_mode():
             for name, (data, seqs) in workloads.items():
                 r = rounded(evaluate(model, data, seqs, args.positions, max_starts=400 if name == "held-out" else 10**6))
