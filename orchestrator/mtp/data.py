@@ -151,18 +151,18 @@ def teacher_pass(ckpt: Checkpoint, sequences: list[list[int]],
     return out
 
 
-def _assemble(items: list[tuple[list[int], torch.Tensor, torch.Tensor]], distilled: list[bool],
-              starts: list[int]) -> TeacherData:
-    lengths = torch.tensor([0] + [len(ids) for ids, _, _ in items])
-    return TeacherData(tokens=torch.tensor([t for ids, _, _ in items for t in ids]),
-                       hidden=torch.cat([h for _, h, _ in items]), argmax=torch.cat([a for _, _, a in items]),
+def _assemble(items: list[tuple[list[int], torch.Tensor, torch.Tensor, int]], distilled: list[bool]) -> TeacherData:
+    """items: (ids, hidden, argmax, response start) per sequence."""
+    lengths = torch.tensor([0] + [len(ids) for ids, *_ in items])
+    return TeacherData(tokens=torch.tensor([t for ids, *_ in items for t in ids]),
+                       hidden=torch.cat([h for _, h, _, _ in items]), argmax=torch.cat([a for _, _, a, _ in items]),
                        offsets=lengths.cumsum(0), distilled=torch.tensor(distilled, dtype=torch.bool),
-                       starts=torch.tensor(starts, dtype=torch.int64))
+                       starts=torch.tensor([start for *_, start in items], dtype=torch.int64))
 
 
 def assemble_responses(items: list[tuple[list[int], torch.Tensor, torch.Tensor, int]]) -> TeacherData:
     """`self_distill`'s responses as teacher data (to score a drafter on prompts of one's own)."""
-    return _assemble([item[:3] for item in items], [True] * len(items), [start for *_, start in items])
+    return _assemble(items, [True] * len(items))
 
 
 def build_teacher_data(ckpt: Checkpoint, tokenizer, options: DataOptions, progress: bool = True) -> TeacherData:
@@ -178,8 +178,7 @@ def build_teacher_data(ckpt: Checkpoint, tokenizer, options: DataOptions, progre
     num_distilled = sum(len(ids) for ids, _, _, _ in distilled)
     code = teacher_pass(ckpt, stdlib_chunks(tokenizer, max(0, options.tokens - num_distilled),
                                             options.chunk_tokens), progress)
-    data = _assemble([item[:3] for item in distilled] + code, [True] * len(distilled) + [False] * len(code),
-                     [start for *_, start in distilled] + [0] * len(code))
+    data = _assemble(distilled + [(*item, 0) for item in code], [True] * len(distilled) + [False] * len(code))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".partial")
     save_file({"tokens": data.tokens, "hidden": data.hidden.contiguous(), "argmax": data.argmax,
