@@ -31,6 +31,7 @@ from orchestrator.mtp.model import MtpConfig, MtpModel
 
 STATE_NAME = "trainer_state.safetensors"
 HISTORY_NAME = "history.json"
+LOGIT_ROWS = 512  # positions per slice of draft-vocabulary logits: 512 x 8192 fp32 = 16 MiB
 
 
 @dataclass(frozen=True)
@@ -123,11 +124,14 @@ def _loss(model: MtpModel, batch, opts: TrainOptions, progress: float, gen: torc
     if opts.noise:
         rms = hidden.pow(2).mean(-1, keepdim=True).sqrt()
         hidden = hidden + opts.noise * rms * torch.randn(hidden.shape, generator=gen)
+    tau = _schedule(opts.temperature, progress)
+    with torch.no_grad():  # the same targets for every pass: computed once
+        teacher = [F.log_softmax(model.logits(h) / tau, -1) for h in next_h[mask].split(LOGIT_ROWS)]
     total, metrics = 0.0, {}
     weights = [opts.unroll_decay ** u for u in range(opts.unroll)]
     for u in range(opts.unroll):
         feats = model(hidden, next_ids)
-        loss, m = _pass_loss(model, feats, next_h, labels, mask, opts, progress)
+        loss, m = _pass_loss(model, feats, next_h, labels, mask, teacher, opts, progress)
         total = total + loss * weights[u] / sum(weights)
         metrics = metrics or m
         metrics[f"top1_pass{u + 1}"] = m["top1"]
@@ -136,22 +140,27 @@ def _loss(model: MtpModel, batch, opts: TrainOptions, progress: float, gen: torc
     return total, metrics
 
 
-def _pass_loss(model: MtpModel, feats, next_h, labels, mask, opts: TrainOptions, progress: float):
+def _pass_loss(model: MtpModel, feats, next_h, labels, mask, teacher: list, opts: TrainOptions, progress: float):
+    """The token losses run over slices of LOGIT_ROWS positions (`teacher`: the target's log-probabilities,
+    sliced alike): a [positions, draft vocab] tensor of a whole batch (64 MiB) is above glibc's mmap
+    ceiling, so each one would be mapped, faulted in page by page and unmapped again, every pass."""
     f, h, y = feats[mask], next_h[mask], labels[mask]
     scale = h.pow(2).mean().sqrt().clamp_min(1e-6)  # regression in units of the features' RMS
     feature = F.smooth_l1_loss(f / scale, h / scale)
-    student = model.logits(f)
-    with torch.no_grad():
-        teacher = model.logits(h)
     tau = _schedule(opts.temperature, progress)
-    soft = F.kl_div(F.log_softmax(student / tau, -1), F.log_softmax(teacher / tau, -1), log_target=True,
-                    reduction="batchmean") * tau * tau
-    hard = F.cross_entropy(student, y, ignore_index=-100) if (y >= 0).any() else student.sum() * 0
+    soft, hard, right = 0.0, 0.0, 0
+    for fs, ys, ts in zip(f.split(LOGIT_ROWS), y.split(LOGIT_ROWS), teacher):
+        student = model.logits(fs)
+        soft = soft + F.kl_div(F.log_softmax(student / tau, -1), ts, log_target=True, reduction="sum")
+        hard = hard + F.cross_entropy(student, ys, ignore_index=-100, reduction="sum")
+        right += int(((student.argmax(-1) == ys) & (ys >= 0)).sum())
+    labelled = int((y >= 0).sum())
+    soft = soft / max(1, len(f)) * tau * tau  # KL per position ("batchmean")
+    hard = hard / max(1, labelled)
     w = _schedule(opts.soft_weight, progress)
     loss = opts.feature_weight * feature + w * soft + (1 - w) * hard
-    acc = ((student.argmax(-1) == y) & (y >= 0)).float().sum() / (y >= 0).sum().clamp_min(1)
     return loss, {"loss": loss.item(), "feature": feature.item(), "soft": soft.item(), "hard": hard.item(),
-                  "top1": acc.item()}
+                  "top1": right / max(1, labelled)}
 
 
 @torch.inference_mode()

@@ -88,3 +88,59 @@ def test_the_held_out_report_counts_only_what_is_drafted_at_inference():
     assert whole["top1"] == (start - 1) / (n - 1) and whole["alpha"][0] == (start - 1) / (n - 2)  # looks good
     assert response["top1"] == 0.0 and response["alpha"][0] == 0.0  # what inference would see
     assert response["tried"][0] == n - 2 - (start - 1)  # one start per response position with a token after
+
+
+def test_the_loss_over_slices_of_logits_equals_the_loss_over_the_whole_batch(monkeypatch):
+    """Training computes the token losses over slices of positions (no 64 MiB logits tensor per pass) and
+    the target's log-probabilities once for all unrolled passes: same loss and gradients as the formula
+    over the whole batch at once."""
+    from orchestrator.mtp import train
+
+    torch.manual_seed(0)
+    H, V, B, T = 32, 50, 3, 11
+    config = MtpConfig(target_model_id="t", target_name="t", hidden_size=H, num_heads=4, num_kv_heads=2,
+                       head_dim=8, intermediate_size=64, vocab_size=V, draft_vocab_size=V)
+    model = MtpModel(config, torch.randn(V, H), torch.arange(V))
+    model.set_head(torch.randn(V, H))
+    hidden, next_h = torch.randn(B, T, H), torch.randn(B, T, H)
+    next_ids, labels = torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[1, 7:] = False  # a short window, padded
+    labels[~mask] = -100
+    labels[0, :4] = -100  # outside the draft vocabulary
+    opts = train.TrainOptions(target="t", out=None, noise=0.0, unroll=2)
+    progress = 0.3
+
+    def whole_batch():  # the formula over every position at once, as before slicing
+        tau, w = 2.0 + (1.0 - 2.0) * progress, 0.9 + (0.2 - 0.9) * progress
+        h_in, total = hidden, 0.0
+        for u, weight in enumerate([1.0, 0.5]):
+            feats = model(h_in, next_ids)
+            f, h, y = feats[mask], next_h[mask], labels[mask]
+            scale = h.pow(2).mean().sqrt()
+            student, teacher = model.logits(f), model.logits(h)
+            soft = torch.nn.functional.kl_div((student / tau).log_softmax(-1), (teacher / tau).log_softmax(-1),
+                                              log_target=True, reduction="batchmean") * tau * tau
+            hard = torch.nn.functional.cross_entropy(student, y, ignore_index=-100)
+            loss = torch.nn.functional.smooth_l1_loss(f / scale, h / scale) + w * soft + (1 - w) * hard
+            total = total + loss * weight / 1.5
+            h_in = torch.cat([h_in[:, :1], feats[:, :-1].detach()], dim=1)
+        return total
+
+    def grads(loss):
+        model.zero_grad()
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+    expected = whole_batch()
+    expected_grads = grads(expected)
+    monkeypatch.setattr(train, "LOGIT_ROWS", 4)  # 30 positions: 8 slices, the last one short
+    got, metrics = train._loss(model, (hidden, next_ids, next_h, labels, mask), opts, progress,
+                               torch.Generator())
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads(got), expected_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    with torch.no_grad():
+        first = model.logits(model(hidden, next_ids)[mask]).argmax(-1)
+    y = labels[mask]
+    assert metrics["top1_pass1"] == ((first == y) & (y >= 0)).sum().item() / (y >= 0).sum().item()
