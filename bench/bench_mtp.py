@@ -7,10 +7,12 @@ side runs each prompt in turn, the order rotating. `--remote` adds the MTP draft
 `hetspec drafter serve` in another process (hidden states over the wire) as one more side.
 
     hetspec train-drafter --target smollm2-135m --out DIR
-    python bench/bench_mtp.py --drafter DIR [--also DIR ...] [--prompts 12] [--tokens 128] [-k auto|N] [--remote]
+    python bench/bench_mtp.py --drafter DIR [--also DIR ...] [--onnx fp32 ...] [--prompts 12] [--tokens 128]
+                              [-k auto|N] [--remote]
 
 `--also` adds more MTP drafters (another epoch count, other data) as sides `mtp:NAME` of the same run,
-the only fair way to compare two drafters' speed. Prints and writes bench/figures/NAME.json (`--name`,
+the only fair way to compare two drafters' speed; `--onnx` adds --drafter's ONNX export on ONNX
+Runtime (`runtime: onnx` in a profile) at the given precisions. Prints and writes bench/figures/NAME.json (`--name`,
 default mtp-cpu): tokens/s, speedup, alpha per position, mean accepted
 length and c per side and workload, with the machine and commit, and the drafter's training summary.
 """
@@ -62,12 +64,16 @@ def main():
     ap.add_argument("--skip-int8", action="store_true")
     ap.add_argument("--also", nargs="+", default=[], metavar="DIR", help="more MTP drafters, as sides mtp:NAME")
     ap.add_argument("--name", default="mtp-cpu", help="writes bench/figures/NAME.json")
+    ap.add_argument("--onnx", nargs="+", default=[], choices=["fp32", "int8", "int4"], metavar="PRECISION",
+                    help="also --drafter's ONNX export on ONNX Runtime at these precisions, as sides mtp-onnx-P")
     args = ap.parse_args()
     env = machine_line()
     training = summary(args.drafter)
     sides = {"target-only": engine_for(None, "0"),
              "mtp": engine_for(MtpDrafterConfig(model=args.drafter), args.k),
              **{f"mtp:{Path(d).name}": engine_for(MtpDrafterConfig(model=d), args.k) for d in args.also},
+             **{f"mtp-onnx-{p}": engine_for(MtpDrafterConfig(model=args.drafter, runtime="onnx", precision=p), args.k)
+                for p in args.onnx},
              "onnx-int4": engine_for(OnnxDrafterConfig(precision="int4"), args.k)}
     if not args.skip_int8:
         sides["onnx-int8"] = engine_for(OnnxDrafterConfig(precision="int8", int8_lm_head=False), args.k)
