@@ -62,15 +62,21 @@ def test_self_distillation_stops_at_its_token_budget_and_keeps_what_ran(smollm2,
     assert sorted(start for *_, start in items) == sorted(prompt_lengths)
 
 
+def tiny_mtp(H: int, V: int) -> MtpModel:
+    """A randomly initialised MTP layer (mechanics, not a model): hidden size H, vocabulary V."""
+    config = MtpConfig(target_model_id="t", target_name="t", hidden_size=H, num_heads=4, num_kv_heads=2,
+                       head_dim=8, intermediate_size=64, vocab_size=V, draft_vocab_size=V)
+    model = MtpModel(config, torch.randn(V, H), torch.arange(V))
+    model.set_head(torch.randn(V, H))
+    return model
+
+
 def test_the_held_out_report_counts_only_what_is_drafted_at_inference():
     """A drafter that knows the prompt by heart and nothing of the response scores nothing: drafting
     starts after the prompt's last state and the first response token, top-1 counts the response."""
     torch.manual_seed(0)
     H, V, n, start = 32, 50, 24, 12
-    config = MtpConfig(target_model_id="t", target_name="t", hidden_size=H, num_heads=4, num_kv_heads=2,
-                       head_dim=8, intermediate_size=64, vocab_size=V, draft_vocab_size=V)
-    model = MtpModel(config, torch.randn(V, H), torch.arange(V))
-    model.set_head(torch.randn(V, H))
+    model = tiny_mtp(H, V)
     tokens, hidden = torch.randint(0, V, (n,)), torch.randn(n, H)
     with torch.inference_mode():
         pred = model.logits(model.forward(hidden[None, :-1], tokens[None, 1:])[0]).argmax(-1)
@@ -98,10 +104,7 @@ def test_the_loss_over_slices_of_logits_equals_the_loss_over_the_whole_batch(mon
 
     torch.manual_seed(0)
     H, V, B, T = 32, 50, 3, 11
-    config = MtpConfig(target_model_id="t", target_name="t", hidden_size=H, num_heads=4, num_kv_heads=2,
-                       head_dim=8, intermediate_size=64, vocab_size=V, draft_vocab_size=V)
-    model = MtpModel(config, torch.randn(V, H), torch.arange(V))
-    model.set_head(torch.randn(V, H))
+    model = tiny_mtp(H, V)
     hidden, next_h = torch.randn(B, T, H), torch.randn(B, T, H)
     next_ids, labels = torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))
     mask = torch.ones(B, T, dtype=torch.bool)
