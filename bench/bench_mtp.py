@@ -12,9 +12,10 @@ side runs each prompt in turn, the order rotating. `--remote` adds the MTP draft
 
 `--also` adds more MTP drafters (another epoch count, other data) as sides `mtp:NAME` of the same run,
 the only fair way to compare two drafters' speed; `--onnx` adds --drafter's ONNX export on ONNX
-Runtime (`runtime: onnx` in a profile) at the given precisions. Prints and writes bench/figures/NAME.json (`--name`,
-default mtp-cpu): tokens/s, speedup, alpha per position, mean accepted
-length and c per side and workload, with the machine and commit, and the drafter's training summary.
+Runtime (`runtime: onnx` in a profile) at the given precisions. Prints and writes
+bench/figures/NAME.json (`--name`, default mtp-cpu): tokens/s, speedup, alpha per position, mean
+accepted length and c per side and workload, with the machine and commit, and the drafter's training
+summary.
 """
 
 import argparse

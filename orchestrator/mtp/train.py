@@ -125,13 +125,14 @@ def _loss(model: MtpModel, batch, opts: TrainOptions, progress: float, gen: torc
         rms = hidden.pow(2).mean(-1, keepdim=True).sqrt()
         hidden = hidden + opts.noise * rms * torch.randn(hidden.shape, generator=gen)
     tau = _schedule(opts.temperature, progress)
-    with torch.no_grad():  # the same targets for every pass: computed once
-        teacher = [F.log_softmax(model.logits(h) / tau, -1) for h in next_h[mask].split(LOGIT_ROWS)]
+    h, y = next_h[mask], labels[mask]  # the same targets for every pass: gathered and scored once
+    with torch.no_grad():
+        teacher = [F.log_softmax(model.logits(rows) / tau, -1) for rows in h.split(LOGIT_ROWS)]
     total, metrics = 0.0, {}
     weights = [opts.unroll_decay ** u for u in range(opts.unroll)]
     for u in range(opts.unroll):
         feats = model(hidden, next_ids)
-        loss, m = _pass_loss(model, feats, next_h, labels, mask, teacher, opts, progress)
+        loss, m = _pass_loss(model, feats[mask], h, y, teacher, tau, opts, progress)
         total = total + loss * weights[u] / sum(weights)
         metrics = metrics or m
         metrics[f"top1_pass{u + 1}"] = m["top1"]
@@ -140,14 +141,14 @@ def _loss(model: MtpModel, batch, opts: TrainOptions, progress: float, gen: torc
     return total, metrics
 
 
-def _pass_loss(model: MtpModel, feats, next_h, labels, mask, teacher: list, opts: TrainOptions, progress: float):
-    """The token losses run over slices of LOGIT_ROWS positions (`teacher`: the target's log-probabilities,
-    sliced alike): a [positions, draft vocab] tensor of a whole batch (64 MiB) is above glibc's mmap
-    ceiling, so each one would be mapped, faulted in page by page and unmapped again, every pass."""
-    f, h, y = feats[mask], next_h[mask], labels[mask]
+def _pass_loss(model: MtpModel, f, h, y, teacher: list, tau: float, opts: TrainOptions, progress: float):
+    """f: the pass's features at the real positions, h: the target's next states there, y: its greedy
+    tokens in draft-vocabulary ids (-100 outside). The token losses run over slices of LOGIT_ROWS positions
+    (`teacher`: the target's log-probabilities at temperature tau, sliced alike): a [positions, draft
+    vocab] tensor of a whole batch (64 MiB) is above glibc's mmap ceiling, so each one would be mapped,
+    faulted in page by page and unmapped again, every pass."""
     scale = h.pow(2).mean().sqrt().clamp_min(1e-6)  # regression in units of the features' RMS
     feature = F.smooth_l1_loss(f / scale, h / scale)
-    tau = _schedule(opts.temperature, progress)
     soft, hard, right = 0.0, 0.0, 0
     for fs, ys, ts in zip(f.split(LOGIT_ROWS), y.split(LOGIT_ROWS), teacher):
         student = model.logits(fs)
