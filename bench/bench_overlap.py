@@ -8,6 +8,12 @@ waits for it in the sequential loop). Then:
   pinned          in process: sequential vs overlapped (`Engine(overlap=True)`), target-only beside
   pinned-remote   the drafter behind `hetspec drafter serve` pinned to core 1 (taskset): sequential vs
                   overlapped; the remote overhead per step left on the critical path is reported
+  pinned-remote-qos  the same, the drafter server holding a CPU latency QoS request (`drafter serve
+                  --cpu-latency-us`, this bench's `--cpu-latency-us`, default 0: idle CPUs poll instead
+                  of halting; system-wide, so the target's side too); needs write access to
+                  /dev/cpu_dma_latency. Name remote parts in ABBA order to compare (`--parts
+                  pinned-remote,pinned-remote-qos,pinned-remote-qos,pinned-remote`): the medians of
+                  each side's tok/s and critical wire per step, request against none, are printed
   shared          no pinning, default threads on both cores: sequential vs overlapped
   device          with `--device cuda:0`: the target on that device (`--dtype`), the drafter on the CPU
                   (`--drafter-threads`): two real devices; target-only, sequential, overlapped
@@ -27,6 +33,7 @@ names with `--drafter int8`, `-kauto` with `--k auto`). Run it on an otherwise i
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,6 +46,7 @@ import torch
 from orchestrator.drafters.onnx_drafter import OnnxDrafter
 from orchestrator.engine import Drafter, Engine
 from orchestrator.models import ExportOptions, TargetRunner, eos_token_ids, export_drafter, load_tokenizer, resolve
+from orchestrator.server.cpu_latency import current_cpu_latency_us
 from orchestrator.server.remote_drafter import RemoteDrafter
 from orchestrator.tracing import Tracer
 
@@ -95,15 +103,18 @@ def drafter_options(precision: str) -> ExportOptions:
     return ExportOptions.for_drafter(precision, 32, True)
 
 
-def drafter_server(core: int | None, precision: str) -> tuple[subprocess.Popen, int]:
+def drafter_server(core: int | None, precision: str, cpu_latency_us: int | None = None) -> tuple[subprocess.Popen, int]:
     """`hetspec drafter serve` with the ONNX self-drafter at `precision` on a free port; pinned to
-    `core` (taskset) with one ONNX Runtime thread, as the in-process drafter, if given."""
+    `core` (taskset) with one ONNX Runtime thread, as the in-process drafter, if given; holding a CPU
+    latency request (`--cpu-latency-us`: system-wide, so the target's side wakes faster too) if given."""
     opts = drafter_options(precision)
     profile = Path(tempfile.mkdtemp(prefix="hetspec-overlap-")) / f"cpu-{precision}.yaml"
     threads = ", threads: 1" if core is not None else ""
     profile.write_text(PROFILE.format(precision=opts.precision, block_size=opts.block_size,
                                       lm_head=str(opts.int8_lm_head).lower(), threads=threads))
     cmd = [sys.executable, "-m", "orchestrator.cli", "drafter", "serve", "--profile", str(profile), "--port", "0"]
+    if cpu_latency_us is not None:
+        cmd += ["--cpu-latency-us", str(cpu_latency_us)]
     if core is not None:
         cmd = ["taskset", "-c", str(core)] + cmd
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
@@ -164,11 +175,15 @@ def run_part(name: str, sides: dict, prompts_ids: list, tokens: int, reference: 
 
 
 def remote_part(name: str, target, tokenizer, ckpt, args, prompts_ids: list, reference: list | None,
-                core: int | None) -> dict:
+                core: int | None, cpu_latency_us: int | None = None) -> dict:
     """Sequential vs overlapped with the drafter behind `hetspec drafter serve` (pinned to `core` if
     given). Each side has its own session, so its wire time is its own: per round trip, and per step
     what the engine waited for (the remote overhead on the critical path; a pre-draft's is hidden)."""
-    proc, port = drafter_server(core, args.drafter)
+    proc, port = drafter_server(core, args.drafter, cpu_latency_us)
+    held = current_cpu_latency_us()  # None where this process may not read it
+    if cpu_latency_us is not None and held is not None and held > cpu_latency_us:
+        raise RuntimeError(f"the drafter server holds no CPU latency request of {cpu_latency_us} us (now {held})")
+    print(f"  {name}: CPU latency bound {held if held is not None else 'unknown'} us", flush=True)
     try:
         remotes = {side: RemoteDrafter(f"127.0.0.1:{port}", vocab_size=target.vocab_size, timeout_s=30)
                    for side in ("sequential", "overlapped")}
@@ -196,6 +211,20 @@ def remote_part(name: str, target, tokenizer, ckpt, args, prompts_ids: list, ref
     finally:
         proc.terminate()
         proc.wait()
+
+
+def compare_qos(parts: dict) -> None:
+    """pinned-remote-qos against pinned-remote, per side: medians over the repeats of each."""
+    plain = [p for k, p in parts.items() if k.split("#")[0] == "pinned-remote"]  # repeats: KEY#2, KEY#3
+    qos = [p for k, p in parts.items() if k.split("#")[0] == "pinned-remote-qos"]
+    if not plain or not qos:
+        return
+    for side in ("sequential", "overlapped"):
+        for field, unit in (("tok_per_s", "tok/s"), ("critical_wire_ms_per_step", "ms")):
+            a = statistics.median(p[side][field] for p in qos)
+            b = statistics.median(p[side][field] for p in plain)
+            print(f"remote {side} {field}: cpu latency request {a:.2f} {unit} | none {b:.2f} {unit} | "
+                  f"ratio {a / b if b else float('nan'):.2f}x (medians over {len(qos)} and {len(plain)} runs)", flush=True)
 
 
 def spans_picture(tracer: Tracer, path: Path, seconds: float = 1.5) -> Path:
@@ -236,6 +265,8 @@ def main():
     ap.add_argument("--device", default="cpu", help="the target's device in the device part")
     ap.add_argument("--dtype", default="float16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--drafter-threads", type=int, default=None, help="ONNX Runtime threads (device part)")
+    ap.add_argument("--cpu-latency-us", type=int, default=0,
+                    help="the CPU latency QoS request pinned-remote-qos's drafter server holds (default 0)")
     args = ap.parse_args()
     parts = args.parts.split(",")
     env = machine_line()
@@ -249,7 +280,7 @@ def main():
 
     suffix = ("" if args.drafter == "int4" else f"-{args.drafter}") + ("-kauto" if args.k == "auto" else "")
     reference = None
-    if "pinned" in parts or "pinned-remote" in parts:
+    if {"pinned", "pinned-remote", "pinned-remote-qos"} & set(parts):
         default_threads = torch.get_num_threads()
         torch.set_num_threads(1)
         os.sched_setaffinity(0, {TARGET_CORE})  # this (main) thread: the target's device
@@ -267,9 +298,16 @@ def main():
             hetspec_side(sides["overlapped"], 48)(prompts_ids[-1])
             tracer.flush()
             print(f"wrote {spans_picture(tracer, FIGURES / f'overlap-spans{suffix}.png')}", flush=True)
-        if "pinned-remote" in parts:
-            report["parts"]["pinned-remote"] = remote_part("pinned-remote", target, tokenizer, ckpt, args,
-                                                           prompts_ids, reference, DRAFTER_CORE)
+        remote_parts = [p for p in parts if p in ("pinned-remote", "pinned-remote-qos")]
+        if remote_parts and reference is None:  # the outputs every remote side must equal
+            reference = alternate([hetspec_side(target_only, args.tokens)], prompts_ids)[0][1]
+        for part in remote_parts:  # in the order given (repeat them for ABBA)
+            key = part if part not in report["parts"] else f"{part}#{sum(k.startswith(part + '#') for k in report['parts']) + 2}"
+            latency = args.cpu_latency_us if part.endswith("-qos") else None
+            report["parts"][key] = remote_part(key, target, tokenizer, ckpt, args, prompts_ids, reference,
+                                               DRAFTER_CORE, latency)
+            report["parts"][key]["cpu_latency_us"] = latency
+        compare_qos(report["parts"])
         torch.set_num_threads(default_threads)
         os.sched_setaffinity(0, set(range(os.cpu_count())))
 

@@ -4,7 +4,7 @@ import argparse
 
 from orchestrator.assemble import build_drafter_servicer
 from orchestrator.cli.common import on_signal, ready
-from orchestrator.cli.serve import add_server_args
+from orchestrator.cli.serve import add_server_args, cpu_latency, latency_note
 from orchestrator.errors import HetspecError
 from orchestrator.profiles import load_profile
 from orchestrator.server import server_options, start_server
@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
         raise HetspecError(f"--drafter: profile {profile.source} has no drafter {name!r} "
                            f"(it has {', '.join(profile.drafters) or 'none'})")
     options = server_options(profile, args.host, args.port, profile.server.drafter_port)
+    latency = cpu_latency(args, profile)
     servicer, config = build_drafter_servicer(profile, name)
     # a torch model on the CPU runs on this (main) thread, where torch loaded it: on gRPC's threads a
     # torch drafter ran 1.5x slower (server/one_thread.py); others run on gRPC's threads, without the
@@ -45,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
 
     on_signal(shutdown)
     ready(f"serving hetspec.v1.Drafter ({config.drafter_kind}) on {options.host}:{served.port} "
-          f"(profile {profile.source})")
+          f"(profile {profile.source}{latency_note(latency)})")
     main.run()  # the drafter's calls if handed over, else only the wait for a signal
     servicer.drafter.close()
+    if latency is not None:
+        latency.close()
     return 0

@@ -11,6 +11,7 @@ from orchestrator.cli.common import on_signal, ready
 from orchestrator.errors import HetspecError
 from orchestrator.profiles import load_profile
 from orchestrator.server import EngineLoop, EngineMetrics, GenerationServicer, server_options, start_server
+from orchestrator.server.cpu_latency import CpuLatencyRequest, hold_cpu_latency
 from orchestrator.tracing import Tracer
 
 
@@ -31,6 +32,17 @@ def add_server_args(p: argparse.ArgumentParser, port_key: str) -> None:
     p.add_argument("--profile", default="cpu", metavar="FILE|NAME", help="placement profile (default: the shipped 'cpu')")
     p.add_argument("--host", default=None, help="address to bind (default: the profile's server.host, 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help=f"port (default: the profile's {port_key}; 0 = any free port)")
+    p.add_argument("--cpu-latency-us", type=int, default=None, metavar="US",
+                   help="hold a Linux CPU latency QoS request of US microseconds while serving (0: idle CPUs "
+                        "poll instead of halting: faster wake-ups for each message, CPU time burnt while idle; "
+                        "needs write access to /dev/cpu_dma_latency; default: the profile's "
+                        "server.cpu_latency_us, none)")
+
+
+def cpu_latency(args: argparse.Namespace, profile) -> CpuLatencyRequest | None:
+    """The flag's or the profile's CPU latency request, held (None: neither sets one)."""
+    return hold_cpu_latency(args.cpu_latency_us if args.cpu_latency_us is not None
+                            else profile.server.cpu_latency_us)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--metrics-port", metrics_port), ("--http-port", http_port)):
         if value is not None and not 0 <= value <= 65535:
             raise HetspecError(f"{flag} must be in 0..65535, got {value}")
+    latency = cpu_latency(args, profile)
     s = profile.server
     # the running batch is at most max_concurrent_requests; admitted requests past it wait in the
     # engine's queue (no KV held), up to max_queued_requests more
@@ -79,11 +92,17 @@ def run(args: argparse.Namespace) -> int:
     drafter = f"drafter {config.drafter_kind} k={k}" if engine.drafter else "target only"
     ready(f"serving hetspec.v1.Generation on {options.host}:{served.port} "
           f"(profile {profile.source}, {drafter}{', TLS' if options.tls_cert_file else ''}"
-          f"{', token auth' if options.token else ''})")
+          f"{', token auth' if options.token else ''}{latency_note(latency)})")
     loop.run()
     if engine.drafter is not None:
         engine.drafter.close()
+    if latency is not None:
+        latency.close()
     return 0
+
+
+def latency_note(latency: CpuLatencyRequest | None) -> str:
+    return "" if latency is None else f", CPU latency request {latency.microseconds} us"
 
 
 def serve_metrics(metrics: EngineMetrics, host: str, port: int) -> None:

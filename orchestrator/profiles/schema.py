@@ -354,6 +354,9 @@ class ServerSpec(Section):
     metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = None  # Prometheus /metrics on host:port; None = off
     tls: TlsSpec | None = None
     auth_token_env: str | None = None
+    # hold a Linux CPU latency QoS request of this many microseconds while serving (0: idle CPUs poll
+    # instead of halting, so a message wakes its reader sooner); None = the kernel's default
+    cpu_latency_us: Annotated[int, Field(ge=0, le=2_000_000_000)] | None = None
 
 
 class ProfileSpec(Section):
