@@ -1,18 +1,20 @@
 """The MTP drafter against the ONNX self-drafters and target-only, side by side in one run.
 
 SmolLM2-135M fp32 target on torch CPU, greedy, fixed length; sides: target-only, the MTP drafter
-(`hetspec train-drafter`, in process), the INT4 (8-bit lm_head) and INT8 ONNX self-drafters, each at
+(`hetspec train-drafter`, in process, its torch layer: `runtime: torch`), the INT4 (8-bit lm_head) and INT8 ONNX self-drafters, each at
 the same k policy. Workloads: chat (tests/prompts.py PROMPTS, chat template) and code (CODE). Every
 side runs each prompt in turn, the order rotating. `--remote` adds the MTP drafter behind
 `hetspec drafter serve` in another process (hidden states over the wire) as one more side.
 
     hetspec train-drafter --target smollm2-135m --out DIR
     python bench/bench_mtp.py --drafter DIR [--also DIR ...] [--onnx fp32 ...] [--prompts 12] [--tokens 128]
-                              [-k auto|N] [--remote]
+                              [-k auto|N] [--remote] [--auto]
 
 `--also` adds more MTP drafters (another epoch count, other data) as sides `mtp:NAME` of the same run,
 the only fair way to compare two drafters' speed; `--onnx` adds --drafter's ONNX export on ONNX
-Runtime (`runtime: onnx` in a profile) at the given precisions. Prints and writes
+Runtime (`runtime: onnx` in a profile) at the given precisions, `--auto` the drafter with `runtime: auto`
+(the default of profiles and the CLI: whichever of torch and the fp32 export a call measured faster on at
+start-up). The `--also` and `--remote` sides run the torch layer, as `mtp` does. Prints and writes
 bench/figures/NAME.json (`--name`, default mtp-cpu): tokens/s, speedup, alpha per position, mean
 accepted length and c per side and workload, with the machine and commit, and the drafter's training
 summary.
@@ -45,7 +47,7 @@ def serve_mtp(drafter_dir: str, workdir: Path) -> Server:
     profile = workdir / "mtp-drafter.yaml"
     profile.write_text(yaml.safe_dump({
         "version": 1, "target": {"model": "smollm2-135m", "device": "cpu", "dtype": "float32"},
-        "drafters": {"mtp": {"kind": "mtp", "model": drafter_dir}},
+        "drafters": {"mtp": {"kind": "mtp", "model": drafter_dir, "runtime": "torch"}},
         "speculation": {"drafter": "mtp", "num_speculative_tokens": 8}}))
     return Server("drafter", "serve", "--profile", str(profile), "--port", "0")
 
@@ -67,14 +69,20 @@ def main():
     ap.add_argument("--name", default="mtp-cpu", help="writes bench/figures/NAME.json")
     ap.add_argument("--onnx", nargs="+", default=[], choices=["fp32", "int8", "int4"], metavar="PRECISION",
                     help="also --drafter's ONNX export on ONNX Runtime at these precisions, as sides mtp-onnx-P")
+    ap.add_argument("--auto", action="store_true",
+                    help="also --drafter with `runtime: auto` (torch or its fp32 export, timed at start-up), as "
+                         "side mtp-auto")
     args = ap.parse_args()
     env = machine_line()
     training = summary(args.drafter)
     sides = {"target-only": engine_for(None, "0"),
-             "mtp": engine_for(MtpDrafterConfig(model=args.drafter), args.k),
-             **{f"mtp:{Path(d).name}": engine_for(MtpDrafterConfig(model=d), args.k) for d in args.also},
+             "mtp": engine_for(MtpDrafterConfig(model=args.drafter, runtime="torch"), args.k),
+             **{f"mtp:{Path(d).name}": engine_for(MtpDrafterConfig(model=d, runtime="torch"), args.k)
+                for d in args.also},
              **{f"mtp-onnx-{p}": engine_for(MtpDrafterConfig(model=args.drafter, runtime="onnx", precision=p), args.k)
                 for p in args.onnx},
+             **({"mtp-auto": engine_for(MtpDrafterConfig(model=args.drafter, runtime="auto"), args.k)}
+                if args.auto else {}),
              "onnx-int4": engine_for(OnnxDrafterConfig(precision="int4"), args.k)}
     if not args.skip_int8:
         sides["onnx-int8"] = engine_for(OnnxDrafterConfig(precision="int8", int8_lm_head=False), args.k)
@@ -88,6 +96,10 @@ def main():
     report = {"environment": env, "target": "smollm2-135m fp32", "k": args.k, "tokens": args.tokens,
               "drafter_dir": str(args.drafter), "training": training, "workloads": {},
               "also": {f"mtp:{Path(d).name}": {"drafter_dir": d, "training": summary(d)} for d in args.also}}
+    if args.auto:
+        drafter = sides["mtp-auto"].drafter
+        report["auto"] = {"chosen": drafter.runtime, "ms_per_call": drafter.timings_ms}
+        print(f"mtp-auto: runtime {drafter.runtime} (ms per call: {drafter.timings_ms})", flush=True)
     print(f"SmolLM2-135M fp32 target, k={args.k}, {args.tokens} tokens per prompt, greedy; sides "
           f"{', '.join(sides)}", flush=True)
     try:

@@ -134,7 +134,7 @@ class MtpDrafterConfig:
     model: str = ""  # the directory `hetspec train-drafter --out` wrote
     device: str = "cpu"
     dtype: str = "float32"  # the torch runtime's
-    runtime: str = "torch"  # torch | onnx (its ONNX export on the device's ONNX Runtime provider)
+    runtime: str = "auto"  # torch | onnx (its ONNX export on the device's ONNX Runtime provider) | auto (the faster)
     precision: str = "int4"  # the onnx runtime's: int4 | int8 | fp32
 
 

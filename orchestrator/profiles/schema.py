@@ -154,16 +154,25 @@ class MtpDrafterSpec(_DrafterBase):
     model: str  # the directory `hetspec train-drafter --out` wrote
     device: Device = "cpu"
     dtype: Dtype = "float32"  # the torch runtime's
-    runtime: Literal["torch", "onnx"] = "torch"  # onnx: its ONNX export on the device's ONNX Runtime provider
+    # onnx: its ONNX export on the device's ONNX Runtime provider; auto: torch or the fp32 export,
+    # whichever a call takes less time on, timed at start-up
+    runtime: Literal["torch", "onnx", "auto"] = "auto"
     precision: Literal["int4", "int8", "fp32"] = "int4"  # the onnx runtime's
 
     def describe(self) -> str:
         if self.runtime == "onnx":
             return f"mtp {self.model} (onnx {self.precision}) on {self.device} ({ort_placement(self.device).provider.name})"
+        if self.runtime == "auto":
+            return f"mtp {self.model} (torch {self.dtype} or onnx fp32, timed at start-up) on {self.device}"
         return f"mtp {self.model} (torch {self.dtype}) on {self.device}"
 
     def unavailable_reason(self) -> str:
-        return ort_unavailable_reason(self.device) if self.runtime == "onnx" else device_unavailable_reason(self.device)
+        if self.runtime == "onnx":
+            return ort_unavailable_reason(self.device)
+        if self.runtime == "auto":  # runs where either runtime does
+            torch_reason = device_unavailable_reason(self.device)
+            return torch_reason if torch_reason and ort_unavailable_reason(self.device) else ""
+        return device_unavailable_reason(self.device)
 
     def drafter_config(self) -> MtpDrafterConfig:
         return MtpDrafterConfig(model=self.model, device=self.device, dtype=self.dtype, runtime=self.runtime,

@@ -9,7 +9,7 @@ from orchestrator.config import SamplingParams
 from orchestrator.drafters.mtp import MtpDrafter
 from orchestrator.engine import Engine
 from orchestrator.engine.hidden_feed import HiddenFeed
-from orchestrator.errors import CheckpointError
+from orchestrator.errors import CheckpointError, HetspecError
 from orchestrator.models import TargetRunner, Transformer
 from orchestrator.mtp import MtpConfig, MtpModel
 
@@ -214,3 +214,23 @@ def test_combined_with_an_ngram_lookup_the_mtp_drafter_still_gets_its_states(tin
     while engine.has_work():
         engine.step()
     assert engine.release(seq_id).output_ids == expected
+
+
+def test_runtime_auto_times_both_runtimes_and_keeps_the_faster(tiny, monkeypatch):
+    """`runtime: auto` times a one-token call of the torch layer and of its fp32 export at start-up and
+    drafts with the faster, as that runtime would; where neither runtime can run it says so."""
+    from orchestrator.drafters import mtp
+
+    ckpt, path = tiny
+    drafter = MtpDrafter(path, runtime="auto")
+    assert set(drafter.timings_ms) == {"torch", "onnx"} and all(t > 0 for t in drafter.timings_ms.values())
+    fastest = min(drafter.timings_ms, key=drafter.timings_ms.get)
+    assert drafter.runtime == fastest and drafter.name == {"torch": "mtp", "onnx": "mtp-onnx-fp32"}[fastest]
+    assert _drafts_on("cpu", ckpt, path, runtime="auto") == _drafts_on("cpu", ckpt, path)
+    for slower in ("torch", "onnx"):  # the choice follows the timings whichever way they fall
+        monkeypatch.setattr(mtp, "time_call", lambda r, slower=slower: 2.0 if isinstance(
+            r, mtp._TorchRunner if slower == "torch" else mtp._OrtRunner) else 1.0)
+        chosen = MtpDrafter(path, runtime="auto")
+        assert chosen.runtime != slower and chosen.timings_ms[slower] == 2000.0
+    with pytest.raises(HetspecError, match="mtp runtime auto: neither runtime can run on cuda:63"):
+        MtpDrafter(path, device="cuda:63", runtime="auto")

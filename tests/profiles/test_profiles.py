@@ -319,6 +319,10 @@ def test_mtp_drafters_from_a_profile_and_from_flags(tmp_path):
         _apply(drafter="mtp")
     with pytest.raises(HetspecError, match="--block-size: only for the onnx drafter, not the mtp drafter"):
         _apply(drafter="mtp", drafter_model="/d", block_size=64)
-    with pytest.raises(ProfileError, match="drafters.m.runtime"):
+    with pytest.raises(ProfileError, match="drafters.m.runtime: Input should be 'torch', 'onnx' or 'auto'"):
         load_profile(write(tmp_path, base(drafters={"m": {"kind": "mtp", "model": "/d", "runtime": "tvm"}},
                                           speculation={"drafter": "m"})))
+    auto = load_profile(write(tmp_path, base(drafters={"m": {"kind": "mtp", "model": "/d", "runtime": "auto"}},
+                                             speculation={"drafter": "m"}))).drafters["m"]
+    assert auto.drafter_config().runtime == "auto" and auto.unavailable_reason() == ""
+    assert "torch float32 or onnx fp32, timed at start-up" in auto.describe()
