@@ -52,7 +52,8 @@ def add_export_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
     """The ONNX drafter's weights; with `defaults=False` unset flags stay None (a profile decides)."""
     p.add_argument("--precision", choices=PRECISIONS, default="int4" if defaults else None,
                    help="ONNX drafter weights (default int4); with --drafter mtp: run the MTP drafter's ONNX "
-                        "export at this precision instead of its torch layer")
+                        "export at this precision (without it: torch or the fp32 export, whichever a timed "
+                        "call runs faster)")
     p.add_argument("--block-size", type=positive, default=32 if defaults else None,
                    help="quantization block size (default 32)")
     p.add_argument("--int8-lm-head", action=argparse.BooleanOptionalAction, default=True if defaults else None,

@@ -11,7 +11,8 @@ The layer runs on torch (cpu, cuda:N, npu:N through torch-npu) or, `runtime="onn
 export (`orchestrator.mtp.export`, INT4/INT8/fp32) on the ONNX Runtime provider of the device (CPU,
 CUDA, CANN). `runtime="auto"` times both at start-up, the torch layer against its fp32 export (the
 same weights), on the call drafting makes most (one token after a context), and keeps the faster:
-which wins is the machine's (a 2-core EPYC VM: ONNX Runtime 1.49 ms, torch 3.90 ms a call).
+which wins is the machine's (a 2-core EPYC VM: ONNX Runtime 1.62 ms, torch 3.59 ms a call for
+SmolLM2's drafter, bench/figures/mtp-cpu-epyc-auto.json).
 """
 
 import logging
@@ -135,7 +136,8 @@ class MtpDrafter(Drafter):
     def __init__(self, path, device: str = "cpu", dtype: torch.dtype = torch.float32, runtime: str = "torch",
                  precision: str = "int4", providers: list[str] | None = None):
         """`runtime` torch: the layer on `device` (cpu, cuda:N, npu:N through torch-npu) in `dtype`;
-        onnx: its ONNX export at `precision` on the device's ONNX Runtime provider (or `providers`)."""
+        onnx: its ONNX export at `precision` on the device's ONNX Runtime provider (or `providers`);
+        auto: whichever of torch and the fp32 export a timed call runs faster on (`timings_ms`)."""
         self.timings_ms: dict[str, float] = {}  # runtime="auto": each runtime's measured call
         if runtime == "onnx":
             self.runner = _OrtRunner(path, device, precision, providers)
