@@ -301,8 +301,9 @@ def main():
         remote_parts = [p for p in parts if p in ("pinned-remote", "pinned-remote-qos")]
         if remote_parts and reference is None:  # the outputs every remote side must equal
             reference = alternate([hetspec_side(target_only, args.tokens)], prompts_ids)[0][1]
-        for part in remote_parts:  # in the order given (repeat them for ABBA)
-            key = part if part not in report["parts"] else f"{part}#{sum(k.startswith(part + '#') for k in report['parts']) + 2}"
+        for i, part in enumerate(remote_parts):  # in the order given (repeat them for ABBA)
+            n = remote_parts[:i + 1].count(part)
+            key = part if n == 1 else f"{part}#{n}"
             latency = args.cpu_latency_us if part.endswith("-qos") else None
             report["parts"][key] = remote_part(key, target, tokenizer, ckpt, args, prompts_ids, reference,
                                                DRAFTER_CORE, latency)

@@ -11,7 +11,7 @@ from orchestrator.cli.common import on_signal, ready
 from orchestrator.errors import HetspecError
 from orchestrator.profiles import load_profile
 from orchestrator.server import EngineLoop, EngineMetrics, GenerationServicer, server_options, start_server
-from orchestrator.server.cpu_latency import CpuLatencyRequest, hold_cpu_latency
+from orchestrator.server.cpu_latency import CpuLatencyRequest
 from orchestrator.tracing import Tracer
 
 
@@ -41,8 +41,8 @@ def add_server_args(p: argparse.ArgumentParser, port_key: str) -> None:
 
 def cpu_latency(args: argparse.Namespace, profile) -> CpuLatencyRequest | None:
     """The flag's or the profile's CPU latency request, held (None: neither sets one)."""
-    return hold_cpu_latency(args.cpu_latency_us if args.cpu_latency_us is not None
-                            else profile.server.cpu_latency_us)
+    us = args.cpu_latency_us if args.cpu_latency_us is not None else profile.server.cpu_latency_us
+    return None if us is None else CpuLatencyRequest(us)
 
 
 def run(args: argparse.Namespace) -> int:

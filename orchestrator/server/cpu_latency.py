@@ -30,19 +30,19 @@ class CpuLatencyRequest:
 
     def __init__(self, microseconds: int, device: str = DEVICE):
         if microseconds < 0:
-            raise HetspecError(f"server.cpu_latency_us must be >= 0, got {microseconds}")
+            raise HetspecError(f"--cpu-latency-us / server.cpu_latency_us must be >= 0, got {microseconds}")
         self.microseconds, self.device = microseconds, device
         try:
             self._fd: int | None = os.open(device, os.O_WRONLY)
         except OSError as e:
-            raise HetspecError(f"server.cpu_latency_us: cannot open {device} ({e.strerror}); it needs write "
+            raise HetspecError(f"--cpu-latency-us / server.cpu_latency_us: cannot open {device} ({e.strerror}); it needs write "
                                "access to the CPU latency QoS device (root or a udev rule), on Linux; "
                                "or leave the setting out") from None
         try:
             os.write(self._fd, struct.pack("i", microseconds))
         except OSError as e:
             self.close()
-            raise HetspecError(f"server.cpu_latency_us: {device} refused {microseconds} ({e.strerror})") from None
+            raise HetspecError(f"--cpu-latency-us / server.cpu_latency_us: {device} refused {microseconds} ({e.strerror})") from None
         log.info("holding a CPU latency request of %d us (%s)", microseconds, device)
 
     def close(self) -> None:
@@ -64,8 +64,3 @@ def current_cpu_latency_us(device: str = DEVICE) -> int | None:
     except OSError:
         return None
     return struct.unpack("i", data)[0] if len(data) == 4 else None
-
-
-def hold_cpu_latency(microseconds: int | None) -> CpuLatencyRequest | None:
-    """The profile's request, held; None where the profile sets none."""
-    return None if microseconds is None else CpuLatencyRequest(microseconds)
