@@ -41,9 +41,10 @@ def test_a_device_that_cannot_be_opened_is_one_clear_error(tmp_path):
 
 
 @needs_device
-def test_drafter_serve_holds_the_request_while_it_serves():
+@pytest.mark.parametrize("verb", [("drafter", "serve"), ("serve",)], ids=["drafter-serve", "serve"])
+def test_a_server_holds_the_request_while_it_serves(verb):
     before = _baseline()
-    server = Server("drafter", "serve", "--profile", "cpu", "--port", "0", "--cpu-latency-us", "0")
+    server = Server(*verb, "--profile", "cpu", "--port", "0", "--cpu-latency-us", "0")
     try:
         assert "CPU latency request 0 us" in server.log()
         assert current_cpu_latency_us() == 0
