@@ -1,10 +1,11 @@
 """The MTP drafter against the ONNX self-drafters and target-only, side by side in one run.
 
 SmolLM2-135M fp32 target on torch CPU, greedy, fixed length; sides: target-only, the MTP drafter
-(`hetspec train-drafter`, in process, its torch layer: `runtime: torch`), the INT4 (8-bit lm_head) and INT8 ONNX self-drafters, each at
-the same k policy. Workloads: chat (tests/prompts.py PROMPTS, chat template) and code (CODE). Every
-side runs each prompt in turn, the order rotating. `--remote` adds the MTP drafter behind
-`hetspec drafter serve` in another process (hidden states over the wire) as one more side.
+(`hetspec train-drafter`, in process, its torch layer: `runtime: torch`), the INT4 (8-bit lm_head) and
+INT8 ONNX self-drafters, each at the same k policy. Workloads: chat (tests/prompts.py PROMPTS, chat
+template) and code (CODE). Every side runs each prompt in turn, the order rotating. `--remote` adds the
+MTP drafter behind `hetspec drafter serve` in another process (hidden states over the wire) as one more
+side.
 
     hetspec train-drafter --target smollm2-135m --out DIR
     python bench/bench_mtp.py --drafter DIR [--also DIR ...] [--onnx fp32 ...] [--prompts 12] [--tokens 128]

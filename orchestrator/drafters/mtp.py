@@ -129,6 +129,28 @@ def time_call(runner, context: int = 128, calls: int = 24, warmup: int = 4) -> f
     return statistics.median(times[warmup:])
 
 
+def _fastest(path, device: str, dtype: torch.dtype, providers) -> tuple:
+    """Both runtimes that can run here, each timed: (the faster's runner, its name, ms per call of each)."""
+    MtpModel.read_config(path)  # not a drafter at all: said as such, not as "no runtime can run it"
+    runners, errors = {}, []
+    for runtime, build in (("torch", lambda: _torch_runner(path, device, dtype)),
+                           ("onnx", lambda: _OrtRunner(path, device, AUTO_PRECISION, providers))):
+        try:
+            runners[runtime] = build()
+        except CheckpointError:
+            raise  # the drafter's files are broken: no runtime would read them
+        except (HetspecError, DeviceUnavailable, OSError) as e:  # OSError: the export cannot be written
+            errors.append(f"{runtime}: {e}")
+            log.warning("mtp runtime auto: %s cannot run on %s (%s)", runtime, device, e)
+    if not runners:
+        raise HetspecError(f"mtp runtime auto: neither runtime can run on {device} ({'; '.join(errors)})")
+    timings = {runtime: 1e3 * time_call(r) for runtime, r in runners.items()}
+    runtime = min(timings, key=timings.get)
+    log.info("mtp runtime auto on %s: %s (ms per call: %s)", device, runtime,
+             ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
+    return runners[runtime], runtime, timings
+
+
 class MtpDrafter(Drafter):
     reads_hidden = True
     overlaps = False  # drafting ahead would need hidden states the target has not computed yet
@@ -144,7 +166,8 @@ class MtpDrafter(Drafter):
         elif runtime == "torch":
             self.runner = _torch_runner(path, device, dtype)
         elif runtime == "auto":
-            runtime, precision = self._fastest(path, device, dtype, providers)
+            self.runner, runtime, self.timings_ms = _fastest(path, device, dtype, providers)
+            precision = AUTO_PRECISION
         else:
             raise HetspecError(f"mtp runtime must be torch, onnx or auto, got {runtime!r}")
         self.runtime = runtime
@@ -155,28 +178,6 @@ class MtpDrafter(Drafter):
         self.dtype = self.runner.dtype
         self.unpacker = protocol.BlockUnpacker()
         self._seqs: dict[int, _Seq] = {}
-
-    def _fastest(self, path, device: str, dtype: torch.dtype, providers) -> tuple[str, str]:
-        """Build both runtimes that can run here, time each, keep the faster as `self.runner`."""
-        MtpModel.read_config(path)  # not a drafter at all: said as such, not as "no runtime can run it"
-        runners, errors = {}, []
-        for runtime, build in (("torch", lambda: _torch_runner(path, device, dtype)),
-                               ("onnx", lambda: _OrtRunner(path, device, AUTO_PRECISION, providers))):
-            try:
-                runners[runtime] = build()
-            except CheckpointError:
-                raise  # the drafter's files are broken: no runtime would read them
-            except (HetspecError, DeviceUnavailable, OSError) as e:  # OSError: the export cannot be written
-                errors.append(f"{runtime}: {e}")
-                log.warning("mtp runtime auto: %s cannot run on %s (%s)", runtime, device, e)
-        if not runners:
-            raise HetspecError(f"mtp runtime auto: neither runtime can run on {device} ({'; '.join(errors)})")
-        self.timings_ms = {runtime: 1e3 * time_call(r) for runtime, r in runners.items()}
-        runtime = min(self.timings_ms, key=self.timings_ms.get)
-        self.runner = runners[runtime]
-        log.info("mtp runtime auto on %s: %s (ms per call: %s)", device, runtime,
-                 ", ".join(f"{k} {v:.2f}" for k, v in self.timings_ms.items()))
-        return runtime, AUTO_PRECISION
 
     @property
     def model_id(self) -> str:
