@@ -92,7 +92,7 @@ class Segment:
     ctx_slots: torch.Tensor  # [ctx_len] pool slots of the whole context
 
 
-_MATMULS = ("qkv", "qkv_bias", "o", "gate_up", "down")
+_MATMULS = ("qkv", "o", "gate_up", "down")  # weights packed for oneDNN (their biases stay dense)
 # CPU bmm rounds a row alike for any number of rows from 4 up (measured, AMD EPYC), and on a Xeon
 # (Sapphire Rapids) with attention's strided K from head_dim / 16 rows up (4 at 64, 8 at 128, 16 at
 # 256; fewer took another kernel there and Gemma 3's logits moved by 1e-4): attention pads to it
@@ -105,7 +105,7 @@ def _dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [T, in] dense; weight (and bias) already in oneDNN's layout -> [T, out] dense.
+    """x: [T, in] dense; weight packed for oneDNN (`_pack`), bias dense -> [T, out] dense.
 
     oneDNN computes every row the same way whatever the number of rows, except for a single
     row (a GEMV kernel, rounding differently): one row is sent as two. So a token's logits are
@@ -115,8 +115,15 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     rows = x.shape[0]
     if rows == 1:
         x = x.expand(2, -1)
-    y = torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), weight, bias).to_dense()
+    y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
     return y[:1] if rows == 1 else y
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    """[out, in] -> oneDNN's blocked layout for its inner product, reordered once here. A plain
+    `to_mkldnn()` weight was reordered again inside every call: SmolLM2's [1536 x 576] qkv took 112 us
+    for 5 rows that way against 40 us packed (2-core AMD EPYC), with bit-identical results."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
 
 
 def onednn_wanted(device: torch.device, dtype: torch.dtype) -> bool:
@@ -140,9 +147,9 @@ class Transformer:
         self._linear = _dense_linear
         if onednn:  # matmul weights move to oneDNN's layout once; the embedding stays dense
             self._linear = _onednn_linear
-            self.lm_head = self.lm_head.to_mkldnn()
+            self.lm_head = _pack(self.lm_head)
             for layer in self.layers:
-                layer.update({k: layer[k].to_mkldnn() for k in _MATMULS if k in layer})
+                layer.update({k: _pack(layer[k]) for k in _MATMULS if k in layer})
 
     @staticmethod
     def load(hf_dir: Path, device: torch.device, dtype: torch.dtype, onednn: bool | None = None) -> "Transformer":
