@@ -46,9 +46,11 @@ def parse(message_class: type[Message], data: bytes) -> Message:
         msg = message_class.FromString(data)
     except DecodeError:
         raise InvalidRequestError(_why_undecodable(message_class, data)) from None
-    if len(data) <= SIZE_CHECK_MAX_BYTES and not _drops_unknown(msg):
+    small = len(data) <= SIZE_CHECK_MAX_BYTES
+    if small and not _drops_unknown(msg):
         return msg
-    unknown = _unknown_field(message_class.FromString(data))  # parsed afresh: the check may have dropped some
+    # a small one is parsed afresh to name the field: the check dropped what it found
+    unknown = _unknown_field(message_class.FromString(data) if small else msg)
     if unknown is not None:
         raise InvalidRequestError(f"{unknown}: unknown field (this server speaks {message_class.DESCRIPTOR.full_name} "
                                   f"of hetspec.v1)")
