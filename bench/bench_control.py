@@ -18,7 +18,8 @@ cell, >= 0.95x the best fixed k in every cell, and >= 1.05x the best fixed k in 
     python bench/bench_control.py [--profile cpu] [--tokens 48] [--repeats 2] [--workloads chat,grounded,code]
         [--concurrency 1,4,16] [--waves] [--stretch]
 
-Writes bench/figures/control-PROFILE.json (figures, spread of repeats, machine, commit).
+Writes bench/figures/control-PROFILE.json, or NAME.json with `--name NAME` (figures, spread of repeats, machine,
+commit).
 """
 
 import argparse
@@ -32,7 +33,7 @@ from orchestrator.latency import load_workload
 from orchestrator.models import encode_prompt
 from orchestrator.profiles import load_profile
 
-from common import machine_line, write_report
+from common import add_name_arg, machine_line, write_report
 
 FIXED = (2, 4, 8)
 
@@ -73,7 +74,9 @@ def main():
     ap.add_argument("--waves", action="store_true", help="admit requests in waves, not as places free up")
     ap.add_argument("--stretch", action="store_true",
                     help="one more side: auto whose confident drafts run past the plan's k (off by default)")
+    add_name_arg(ap, "control-PROFILE")
     args = ap.parse_args()
+    report_name = args.name or f"control-{Path(args.profile).stem}"
     env = machine_line()
     profile = load_profile(args.profile)
     config = profile.engine_config()
@@ -126,7 +129,7 @@ def main():
                             stretch_k_steps={str(k): n for k, n in sorted(ks["auto+stretch"].items())})
             report["cells"].append(cell)
             report["complete"] = False  # each cell is written as it ends: a run cut short keeps what it measured
-            write_report(f"control-{Path(args.profile).stem}", report, quiet=True)
+            write_report(report_name, report, quiet=True)
             spread = " ".join(f"{n} {med[n]:.1f} ({min(results[n]):.1f}-{max(results[n]):.1f})" for n in configs)
             print(f"{wl:<8} x{conc:<2} tok/s: {spread} | auto/target-only {cell['auto_vs_target_only']:.2f} "
                   f"{_show(vs_target)} auto/{best_fixed} {cell['auto_vs_best_fixed']:.2f} {_show(vs_best)} "
@@ -142,7 +145,7 @@ def main():
     }
     report["complete"] = True
     print("goals:", report["goals"], flush=True)
-    write_report(f"control-{Path(args.profile).stem}", report)
+    write_report(report_name, report)
 
 
 def _range(ratios: list[float]) -> list[float]:

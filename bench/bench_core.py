@@ -10,7 +10,7 @@
 
 `--device` places the target (and HF's model); the ONNX drafters stay on the CPU provider: on a GPU
 host that is the heterogeneous pair (GPU target, CPU drafter). Run it on an otherwise idle machine;
-results also go to bench/figures/core-DTYPE.json (core-DTYPE-cuda.json for a CUDA target).
+results also go to bench/figures/core-DTYPE.json (core-DTYPE-cuda.json for a CUDA target; `--name NAME`: NAME.json).
 """
 
 import argparse
@@ -29,7 +29,7 @@ from orchestrator.models import (
     resolve,
 )
 
-from common import agreement, alternate, hetspec_side, hf_side, line, machine_line, merge, write_report
+from common import add_name_arg, agreement, alternate, hetspec_side, hf_side, line, machine_line, merge, write_report
 from prompts import GROUNDED, PROMPTS
 
 DRAFTERS = {  # name -> ExportOptions kwargs
@@ -50,6 +50,7 @@ def main():
     ap.add_argument("--adaptive", default="int4-lmh8", help="drafters also run with adaptive k")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--device", default="cpu", help="the target's device (the ONNX drafters run on the CPU)")
+    add_name_arg(ap, "core-DTYPE[-DEVICE]")
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -121,7 +122,7 @@ def main():
         print(f"    identical outputs: {same}")
         report["c"].update(hetspec_ngram_tps=ng_tps, hf_prompt_lookup_tps=hfpl_tps, ratio=ng_tps / hfpl_tps)
     device_kind = args.device.split(":")[0]
-    write_report(f"core-{args.dtype}" + ("" if device_kind == "cpu" else f"-{device_kind}"), report)
+    write_report(args.name or f"core-{args.dtype}" + ("" if device_kind == "cpu" else f"-{device_kind}"), report)
 
 if __name__ == "__main__":
     main()

@@ -27,7 +27,8 @@ alternate which side goes first. Also draws one overlapped request's spans (benc
     python bench/bench_overlap.py --parts device --device cuda:0 --dtype float16 [--drafter-threads 4]
 
 Results: bench/figures/overlap-cpu.json (overlap-cuda.json with a device part; `-int8` added to the
-names with `--drafter int8`, `-kauto` with `--k auto`). Run it on an otherwise idle machine.
+names with `--drafter int8`, `-kauto` with `--k auto`), or `--name NAME`: NAME.json and NAME-spans.png.
+Run it on an otherwise idle machine.
 """
 
 import argparse
@@ -50,7 +51,7 @@ from orchestrator.server.cpu_latency import current_cpu_latency_us
 from orchestrator.server.remote_drafter import RemoteDrafter
 from orchestrator.tracing import Tracer
 
-from common import FIGURES, agreement, alternate, hetspec_side, line, machine_line, merge, write_report
+from common import FIGURES, add_name_arg, agreement, alternate, hetspec_side, line, machine_line, merge, write_report
 from prompts import GROUNDED, PROMPTS  # noqa: E402  (tests/, put on the path by common)
 from servers import READY  # noqa: E402
 
@@ -267,6 +268,7 @@ def main():
     ap.add_argument("--drafter-threads", type=int, default=None, help="ONNX Runtime threads (device part)")
     ap.add_argument("--cpu-latency-us", type=int, default=0,
                     help="the CPU latency QoS request pinned-remote-qos's drafter server holds (default 0)")
+    add_name_arg(ap, "overlap-DEVICE[-int8][-kauto]")
     args = ap.parse_args()
     parts = args.parts.split(",")
     env = machine_line()
@@ -297,7 +299,8 @@ def main():
             tracer.enabled = True  # one request traced, for the picture
             hetspec_side(sides["overlapped"], 48)(prompts_ids[-1])
             tracer.flush()
-            print(f"wrote {spans_picture(tracer, FIGURES / f'overlap-spans{suffix}.png')}", flush=True)
+            picture = f"{args.name}-spans.png" if args.name else f"overlap-spans{suffix}.png"
+            print(f"wrote {spans_picture(tracer, FIGURES / picture)}", flush=True)
         remote_parts = [p for p in parts if p in ("pinned-remote", "pinned-remote-qos")]
         if remote_parts and reference is None:  # the outputs every remote side must equal
             reference = alternate([hetspec_side(target_only, args.tokens)], prompts_ids)[0][1]
@@ -336,7 +339,7 @@ def main():
     for part in report["parts"].values():
         part.pop("reference")
     device_kind = args.device.split(":")[0] if {"device", "device-remote"} & set(parts) else "cpu"
-    write_report(f"overlap-{device_kind}{suffix}", report)
+    write_report(args.name or f"overlap-{device_kind}{suffix}", report)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ Each phase reports aggregate committed tokens/s and p50/p99 request latency.
 
     python bench/bench_serving.py [--profile cpu] [--seconds 60] [--tokens 48]
 
-Writes bench/figures/serving-PROFILE.json (figures, machine, commit).
+Writes bench/figures/serving-PROFILE.json, or NAME.json with `--name NAME` (figures, machine, commit).
 """
 
 import argparse
@@ -28,7 +28,7 @@ import openai
 
 from orchestrator.server.client import GenerationClient
 
-from common import machine_line, write_report
+from common import add_name_arg, machine_line, write_report
 
 PROMPT = "Explain how a hash map works, step by step."
 HTTP_READY = re.compile(r"OpenAI-compatible HTTP on http://[\d.]+:(\d+)/v1")
@@ -94,6 +94,7 @@ def main():
     ap.add_argument("--profile", default="cpu")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--tokens", type=int, default=48)
+    add_name_arg(ap, "serving-PROFILE")
     args = ap.parse_args()
     env = machine_line()
     proc, http_port, grpc_port = start_server(args.profile)
@@ -145,7 +146,7 @@ def main():
             c.close()
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
-    write_report(f"serving-{args.profile}", report)
+    write_report(args.name or f"serving-{args.profile}", report)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,12 @@ def machine_line() -> dict:
     return env
 
 
+def add_name_arg(ap, default: str) -> None:
+    """`--name NAME`: write bench/figures/NAME.json instead of the default file, which the README may quote."""
+    ap.add_argument("--name", default=None, metavar="NAME",
+                    help=f"write bench/figures/NAME.json (default: {default}, the file the README quotes)")
+
+
 def write_report(name: str, report: dict, quiet: bool = False) -> Path:
     """bench/figures/NAME.json: the figures the README quotes, with their machine and commit."""
     FIGURES.mkdir(exist_ok=True)
