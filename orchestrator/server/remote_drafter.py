@@ -257,10 +257,9 @@ class RemoteDrafter(SessionLink, Drafter):
         wire = max(0.0, round_trip - compute)
         if not self._ahead:
             self.critical_wire_s += wire
-        if self.tracer.enabled:  # built only when kept: this runs on the engine's critical path
-            self.tracer.add(Span("wire", self._wire_track, int(t0 * 1e9), wire * 1e3,
-                                 args={"round_trip_ms": round_trip * 1e3, "compute_ms": compute * 1e3,
-                                       "sequences": len(requests), "ahead": self._ahead}))
+        self.tracer.add(Span("wire", self._wire_track, int(t0 * 1e9), wire * 1e3,
+                             args={"round_trip_ms": round_trip * 1e3, "compute_ms": compute * 1e3,
+                                   "sequences": len(requests), "ahead": self._ahead}))
         self._backoff = self.backoff_s[0]
         return drafts
 
